@@ -1,0 +1,38 @@
+# The two commands: `make run` brings the product up, `make test` runs the suite.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test lint bench install install-dev clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed-run
+
+install: $(VENV)/.installed-run
+install-dev: $(VENV)/.installed-dev
+
+run: install
+	$(PY) manage.py dev
+
+test: install-dev
+	$(PY) -m pytest
+
+lint: install-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+
+bench: install-dev
+	$(PY) -m bench
+
+clean:
+	rm -rf .run db.sqlite3 db.sqlite3-wal db.sqlite3-shm

@@ -1,0 +1,24 @@
+"""ASGI entry point served by Daphne: HTTP through Django, WebSockets through Channels."""
+
+from __future__ import annotations
+
+import os
+
+from channels.routing import ProtocolTypeRouter, URLRouter
+from channels.security.websocket import AllowedHostsOriginValidator
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+django_asgi_app = get_asgi_application()
+
+from controlplane.routing import websocket_urlpatterns  # noqa: E402 (needs apps)
+from controlplane.websocket_auth import TenantAuthMiddlewareStack  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(
+            TenantAuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
+    }
+)

@@ -1,0 +1,80 @@
+"""The demo tenant `kettlecraft` and its three users, one per role."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils.module_loading import import_string
+
+from controlplane import services
+from controlplane.models import Role, Tenant
+
+DEMO_TENANT_SLUG = "kettlecraft"
+DEMO_USERS = (("admin", Role.ADMIN), ("operator", Role.OPERATOR), ("viewer", Role.VIEWER))
+
+
+@dataclass(frozen=True)
+class DemoLogins:
+    tenant: Tenant
+    usernames: tuple[str, ...]
+    password: str | None  # None: kept from an earlier seed, not known here
+    password_generated: bool
+
+
+@transaction.atomic
+def demo_seed_tenant(*, password: str = "", reset_password: bool = False) -> DemoLogins:
+    """Create the demo tenant and users; idempotent, never resets a password unasked.
+
+    With no `password`, a new one is generated, but only when a user is created or a
+    reset is asked for, so it is printed once and then only the user knows it.
+    """
+    tenant, _ = Tenant.objects.get_or_create(
+        slug=DEMO_TENANT_SLUG, defaults={"name": "Kettlecraft"}
+    )
+    user_model = get_user_model()
+    generated = ""
+    chosen: str | None = None
+    for username, role in DEMO_USERS:
+        user, created = user_model.objects.get_or_create(username=username)
+        if created or reset_password or password:
+            if password:
+                chosen = password
+            else:
+                generated = generated or secrets.token_urlsafe(12)
+                chosen = generated
+            user.set_password(chosen)
+            user.is_staff = role == Role.ADMIN
+            user.is_superuser = role == Role.ADMIN
+            user.save()
+        services.membership_set(tenant=tenant, user=user, role=role)
+    return DemoLogins(
+        tenant=tenant,
+        usernames=tuple(name for name, _ in DEMO_USERS),
+        password=chosen,
+        password_generated=bool(generated),
+    )
+
+
+def demo_seed(*, reset_password: bool = False) -> DemoLogins:
+    """Seed the demo tenant and every app's demo data (settings.DEMO_SEEDERS)."""
+    logins = demo_seed_tenant(
+        password=settings.DEMO_PASSWORD, reset_password=reset_password
+    )
+    for dotted in settings.DEMO_SEEDERS:
+        import_string(dotted)(tenant=logins.tenant)
+    return logins
+
+
+def describe_logins(logins: DemoLogins) -> str:
+    users = ", ".join(logins.usernames)
+    if logins.password is None:
+        secret = "password unchanged (set DEMO_PASSWORD or run seed_demo --reset-password)"
+    elif logins.password_generated:
+        secret = f"password {logins.password} (generated; shown only this once)"
+    else:
+        secret = "password from DEMO_PASSWORD"
+    return f"tenant {logins.tenant.slug}: users {users}; {secret}"

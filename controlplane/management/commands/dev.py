@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from controlplane.demo import demo_seed, describe_logins
+from controlplane.launcher import Launcher, install_stop_handlers
+
+
+class Command(BaseCommand):
+    help = (
+        "Migrate, seed the demo, then start and supervise Daphne, a Celery worker, "
+        "Celery beat and (with no REDIS_URL) an embedded Redis. Ctrl-C stops them all."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--host", default="127.0.0.1", help="Address to bind.")
+        parser.add_argument("--port", type=int, default=settings.PORT)
+        parser.add_argument("--concurrency", type=int, default=2, help="Worker pool.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        self.stdout.write("Database migrated.")
+        logins = describe_logins(demo_seed())
+        if not settings.DEBUG:
+            call_command("collectstatic", interactive=False, verbosity=0)
+        launcher = Launcher(
+            base_dir=settings.BASE_DIR,
+            host=options["host"],
+            port=options["port"],
+            redis_url=settings.REDIS_URL,
+            worker_concurrency=options["concurrency"],
+            out=self.stdout._out,
+        )
+        install_stop_handlers(launcher.stopping.set)
+        try:
+            launcher.start()
+            healthy, body = launcher.wait_healthy(timeout=120)
+            url = f"http://{options['host']}:{options['port']}/"
+            if healthy:
+                self.stdout.write(
+                    self.style.SUCCESS(
+                        f"\nReady: {url}  log in with {logins}. "
+                        "Ctrl-C stops everything.\n"
+                    )
+                )
+            elif not launcher.stopping.is_set():
+                self.stderr.write(f"Not healthy after 120 s at {url}healthz: {body}")
+            launcher.run_until_stopped()
+        finally:
+            launcher.stop()

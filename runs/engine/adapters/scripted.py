@@ -1,0 +1,90 @@
+"""The scripted model: a fixed list of replies, deterministic, for tests and demos.
+
+A script entry is a `ModelReply` or a plain dict:
+`{"tool_calls": [{"name": ..., "arguments": {...} | "<raw>", "id": ...}],
+"text": ..., "finish_reason": ..., "usage": {...}}`. `from_recorded` replays the
+replies of a recorded run (`ModelReply.to_dict()` rows).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from runs.engine.actions import ModelReply, ToolCall, Usage
+from runs.engine.adapters import ModelError
+
+ScriptEntry = ModelReply | Mapping[str, Any]
+
+
+def reply_from_entry(entry: ScriptEntry, index: int, model: str) -> ModelReply:
+    """Turn one script entry into a reply; call ids default to `call_<n>_<i>`."""
+    if isinstance(entry, ModelReply):
+        return entry
+    calls: list[ToolCall] = []
+    for position, spec in enumerate(entry.get("tool_calls") or ()):
+        arguments = spec.get("arguments", {})
+        raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        call_id = str(spec.get("id") or f"call_{index}_{position}")
+        calls.append(ToolCall.parse(call_id, str(spec["name"]), raw))
+    finish = entry.get("finish_reason") or ("tool_calls" if calls else "stop")
+    return ModelReply(
+        tool_calls=tuple(calls),
+        text=entry.get("text"),
+        finish_reason=str(finish),
+        usage=Usage.from_dict(entry.get("usage")),
+        model=str(entry.get("model") or model),
+        provider="scripted",
+        provider_request_id=f"scripted-{index}",
+        response_id=f"scripted-{index}",
+    )
+
+
+class ScriptedModel:
+    """Returns the script's replies in order; running out is a `ModelError`."""
+
+    def __init__(self, script: Sequence[ScriptEntry], *, model: str = "scripted") -> None:
+        self._replies = [reply_from_entry(e, i, model) for i, e in enumerate(script)]
+        self._model = model
+        self.calls = 0
+        self.max_output_tokens_seen: list[int] = []
+
+    @classmethod
+    def from_recorded(
+        cls, replies: Sequence[Mapping[str, Any]], *, model: str = "scripted"
+    ) -> ScriptedModel:
+        """Replay a recorded run: its `ModelReply.to_dict()` rows, in step order."""
+        return cls([ModelReply.from_dict(r) for r in replies], model=model)
+
+    @classmethod
+    def with_position(cls, script: Sequence[ScriptEntry], position: int,
+                      *, model: str = "scripted") -> ScriptedModel:
+        """A model that continues a script from reply `position` (a resumed run)."""
+        scripted = cls(script, model=model)
+        scripted.calls = position
+        return scripted
+
+    @property
+    def provider(self) -> str:
+        return "scripted"
+
+    @property
+    def remaining(self) -> int:
+        return len(self._replies) - self.calls
+
+    def complete(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        max_output_tokens: int,
+    ) -> ModelReply:
+        self.max_output_tokens_seen.append(max_output_tokens)
+        if self.calls >= len(self._replies):
+            raise ModelError(
+                "script_exhausted",
+                f"the scripted model has no reply left after {len(self._replies)}",
+            )
+        reply = self._replies[self.calls]
+        self.calls += 1
+        return reply

@@ -1,0 +1,175 @@
+"""The eight-field tool contract (spec/loop-tools-protocol.md §1.4).
+
+The model sees three fields (`name`, `description`, `input_schema`); the host keeps
+the other five (`preconditions`, `effect`, `idempotency`, `cost`, `auth_scope`).
+Missing facts are filled in conservatively: an undeclared effect is an irreversible
+external write, and a tool of unknown origin is untrusted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from runs.engine.validation import prepare_schema
+
+TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class Effect(StrEnum):
+    READ_ONLY = "read_only"
+    IDEMPOTENT_WRITE = "idempotent_write"
+    WRITE = "write"
+    IRREVERSIBLE_EXTERNAL = "irreversible_external"
+
+
+class Idempotency(StrEnum):
+    NATURAL = "natural"  # repeating the call has the same effect as once
+    REQUIRED_KEY = "required_key"  # the tool deduplicates by an idempotency key
+    NONE = "none"
+
+
+class ToolSource(StrEnum):
+    BUILTIN = "builtin"  # shipped with the control plane
+    TRUSTED = "trusted"  # registered by an operator from a trusted registry
+    UNTRUSTED = "untrusted"  # anything else: its self-description is not believed
+
+
+class ContractError(ValueError):
+    """A tool contract is malformed."""
+
+
+@dataclass(frozen=True)
+class ToolCost:
+    money_cents: int = 0
+    latency_p95_ms: int | None = None
+    quota: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "money_cents": self.money_cents,
+            "latency_p95_ms": self.latency_p95_ms,
+            "quota": self.quota,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ToolCost:
+        data = data or {}
+        latency = data.get("latency_p95_ms")
+        quota = data.get("quota")
+        return cls(
+            money_cents=int(data.get("money_cents", 0)),
+            latency_p95_ms=None if latency is None else int(latency),
+            quota=None if quota is None else str(quota),
+        )
+
+
+def _coerce_enum(enum: type[StrEnum], value: object, fallback: StrEnum) -> Any:
+    try:
+        return enum(str(value))
+    except ValueError:
+        return fallback
+
+
+@dataclass(frozen=True)
+class ToolContract:
+    """One tool's contract; `input_schema` is checked and closed on construction."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    preconditions: tuple[str, ...] = ()
+    effect: Effect = Effect.IRREVERSIBLE_EXTERNAL
+    idempotency: Idempotency = Idempotency.NONE
+    cost: ToolCost = field(default_factory=ToolCost)
+    auth_scope: str | None = None
+    source: ToolSource = ToolSource.UNTRUSTED
+    version: str = "1"
+
+    def __post_init__(self) -> None:
+        if not TOOL_NAME_PATTERN.match(self.name):
+            raise ContractError(
+                f"tool name {self.name!r} must match {TOOL_NAME_PATTERN.pattern}"
+            )
+        if not self.description.strip():
+            raise ContractError(f"tool {self.name!r} needs a description")
+        object.__setattr__(self, "input_schema", prepare_schema(self.input_schema))
+        object.__setattr__(self, "preconditions", tuple(self.preconditions))
+
+    @property
+    def trusted(self) -> bool:
+        return self.source is not ToolSource.UNTRUSTED
+
+    @property
+    def effective_effect(self) -> Effect:
+        """The effect the host acts on: an untrusted tool's claim is not believed."""
+        return self.effect if self.trusted else Effect.IRREVERSIBLE_EXTERNAL
+
+    @property
+    def is_read_only(self) -> bool:
+        return self.effective_effect is Effect.READ_ONLY
+
+    def model_view(self) -> dict[str, Any]:
+        """The three model-visible fields, in the OpenAI `tools` format."""
+        function: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "parameters": dict(self.input_schema),
+        }
+        if _is_strict_compatible(self.input_schema):
+            function["strict"] = True
+        return {"type": "function", "function": function}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": dict(self.input_schema),
+            "preconditions": list(self.preconditions),
+            "effect": str(self.effect),
+            "idempotency": str(self.idempotency),
+            "cost": self.cost.to_dict(),
+            "auth_scope": self.auth_scope,
+            "source": str(self.source),
+            "version": self.version,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolContract:
+        """Build from declared facts; unknown or missing facts become the defaults."""
+        return cls(
+            name=str(data["name"]),
+            description=str(data.get("description", "")),
+            input_schema=data["input_schema"],
+            preconditions=tuple(str(p) for p in data.get("preconditions") or ()),
+            effect=_coerce_enum(
+                Effect, data.get("effect"), Effect.IRREVERSIBLE_EXTERNAL
+            ),
+            idempotency=_coerce_enum(
+                Idempotency, data.get("idempotency"), Idempotency.NONE
+            ),
+            cost=ToolCost.from_dict(data.get("cost")),
+            auth_scope=data.get("auth_scope"),
+            source=_coerce_enum(ToolSource, data.get("source"), ToolSource.UNTRUSTED),
+            version=str(data.get("version", "1")),
+        )
+
+
+def _is_strict_compatible(schema: Any) -> bool:
+    """OpenAI strict mode: every object closed and every property required."""
+    if isinstance(schema, list):
+        return all(_is_strict_compatible(s) for s in schema)
+    if not isinstance(schema, Mapping):
+        return True
+    props = schema.get("properties")
+    if isinstance(props, Mapping) and set(props) != set(schema.get("required", [])):
+        return False
+    return all(
+        _is_strict_compatible(value)
+        for key, value in schema.items()
+        if key not in ("enum", "const", "default", "examples", "required")
+        and isinstance(value, Mapping | list)
+    )

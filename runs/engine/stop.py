@@ -1,0 +1,76 @@
+"""Stop reasons and the run status each one ends in. The host decides; never the model."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from runs.engine.evaluator import Evaluation, Verdict
+
+
+class StopReason(StrEnum):
+    DONE = "done"
+    MAX_STEPS = "max_steps"
+    MAX_TOOL_CALLS = "max_tool_calls"
+    MAX_TOKENS = "max_tokens"
+    MAX_COST = "max_cost"
+    DEADLINE = "deadline"
+    NO_PROGRESS = "no_progress"
+    POLICY_DENIED = "policy_denied"
+    CANCELLED = "cancelled"
+    MODEL_ERROR = "model_error"
+    INTERNAL_ERROR = "internal_error"
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING_APPROVAL = "waiting_approval"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNVERIFIED = "unverified"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    POLICY_BLOCKED = "policy_blocked"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES = frozenset(
+    {
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+        RunStatus.UNVERIFIED,
+        RunStatus.BUDGET_EXHAUSTED,
+        RunStatus.POLICY_BLOCKED,
+        RunStatus.CANCELLED,
+    }
+)
+
+BUDGET_STOP_REASONS = frozenset(
+    {
+        StopReason.MAX_STEPS,
+        StopReason.MAX_TOOL_CALLS,
+        StopReason.MAX_TOKENS,
+        StopReason.MAX_COST,
+        StopReason.DEADLINE,
+    }
+)
+
+
+def terminal_status(reason: StopReason, evaluation: Evaluation | None) -> RunStatus:
+    """The run status for a stop reason; `done` needs the evaluator's verdict.
+
+    `done` without an evaluation is `unverified`: the model saying it finished is
+    never enough for `succeeded`.
+    """
+    if reason is StopReason.DONE:
+        if evaluation is None:
+            return RunStatus.UNVERIFIED
+        if evaluation.verdict is Verdict.PASSED:
+            return RunStatus.SUCCEEDED
+        return RunStatus.FAILED
+    if reason in BUDGET_STOP_REASONS:
+        return RunStatus.BUDGET_EXHAUSTED
+    if reason is StopReason.POLICY_DENIED:
+        return RunStatus.POLICY_BLOCKED
+    if reason is StopReason.CANCELLED:
+        return RunStatus.CANCELLED
+    return RunStatus.FAILED

@@ -1,0 +1,211 @@
+"""Tools, the registry, and execution wrapped into result envelopes.
+
+`execute_tool` never raises: handler exceptions and timeouts become envelopes. A
+timed-out in-process handler cannot be killed (it keeps its thread); anything that
+runs code or commands must go through the sandbox runner, which kills whole trees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from runs.engine.contracts import Effect, Idempotency, ToolContract
+from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
+
+DEFAULT_TOOL_TIMEOUT_SECONDS = 30.0
+
+
+def idempotency_key_for(run_id: str, call_id: str) -> str:
+    """The business idempotency key of a call: stable across retries and crashes."""
+    return hashlib.sha256(f"{run_id}:{call_id}".encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a handler knows about the call besides its arguments."""
+
+    run_id: str
+    call_id: str
+    tenant_id: str = ""
+    idempotency_key: str = ""
+    sandbox: Callable[..., Any] | None = None  # the host's sandbox runner entry
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def for_call(
+        cls,
+        run_id: str,
+        call_id: str,
+        *,
+        tenant_id: str = "",
+        sandbox: Callable[..., Any] | None = None,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> ToolContext:
+        return cls(
+            run_id=run_id,
+            call_id=call_id,
+            tenant_id=tenant_id,
+            idempotency_key=idempotency_key_for(run_id, call_id),
+            sandbox=sandbox,
+            attributes=dict(attributes or {}),
+        )
+
+
+ToolHandler = Callable[[dict[str, Any], ToolContext], "ToolResult | Mapping[str, Any]"]
+# A precondition check returns None when the call may go ahead, else why not.
+PreconditionCheck = Callable[[Mapping[str, Any], ToolContext], "str | None"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    contract: ToolContract
+    handler: ToolHandler
+    check_preconditions: PreconditionCheck | None = None
+    timeout_seconds: float | None = DEFAULT_TOOL_TIMEOUT_SECONDS
+
+    @property
+    def name(self) -> str:
+        return self.contract.name
+
+    @property
+    def money_cost(self) -> Decimal:
+        return Decimal(self.contract.cost.money_cents) / 100
+
+
+class ToolRegistry:
+    """Tools by name, in registration order."""
+
+    def __init__(self, tools: list[Tool] | None = None) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools or []:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def model_tools(self) -> list[dict[str, Any]]:
+        """The `tools` list for the model: name, description and schema only."""
+        return [tool.contract.model_view() for tool in self._tools.values()]
+
+
+def _call_handler(tool: Tool, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    try:
+        if tool.check_preconditions is not None:
+            unmet = tool.check_preconditions(arguments, ctx)
+            if unmet is not None:
+                return ToolResult.failure(
+                    ErrorCode.EPERM, f"precondition failed: {unmet}"
+                )
+        out = tool.handler(arguments, ctx)
+    except ToolFailure as failure:
+        return failure.result
+    except TimeoutError:
+        return ToolResult.failure(ErrorCode.ETIMEDOUT, f"{tool.name} timed out")
+    except PermissionError as exc:
+        return ToolResult.failure(ErrorCode.EACCES, f"{tool.name}: {exc}")
+    except ValueError as exc:
+        return ToolResult.failure(ErrorCode.EINVAL, f"{tool.name}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - no exception may cross the loop
+        # No stack trace and no message text: it may carry SQL, URLs or secrets.
+        return ToolResult.failure(
+            ErrorCode.EINTERNAL, f"{tool.name} failed ({type(exc).__name__})"
+        )
+    if isinstance(out, ToolResult):
+        return out
+    if isinstance(out, Mapping):
+        return ToolResult.success(dict(out))
+    return ToolResult.failure(
+        ErrorCode.EINTERNAL, f"{tool.name} returned {type(out).__name__}, not a result"
+    )
+
+
+def execute_tool(
+    tool: Tool,
+    arguments: Mapping[str, Any],
+    context: ToolContext,
+    *,
+    timeout_seconds: float | None = None,
+) -> ToolResult:
+    """Run a validated, authorised call and return its envelope; never raises.
+
+    `timeout_seconds` overrides the tool's own; `None` on both runs inline.
+    """
+    timeout = tool.timeout_seconds if timeout_seconds is None else timeout_seconds
+    args = dict(arguments)
+    started = time.monotonic()
+    if timeout is None:
+        result = _call_handler(tool, args, context)
+    else:
+        box: list[ToolResult] = []
+        worker = threading.Thread(
+            target=lambda: box.append(_call_handler(tool, args, context)),
+            name=f"tool-{tool.name}-{context.call_id}",
+            daemon=True,
+        )
+        worker.start()
+        worker.join(timeout)
+        if box:
+            result = box[0]
+        else:
+            uncertain = tool.contract.effective_effect is not Effect.READ_ONLY
+            result = ToolResult.failure(
+                ErrorCode.ETIMEDOUT,
+                f"{tool.name} did not finish within {timeout:g}s"
+                + ("; it may have taken effect" if uncertain else ""),
+                retryable=not uncertain,
+            )
+    latency_ms = int((time.monotonic() - started) * 1000)
+    return result.with_cost(latency_ms=latency_ms)
+
+
+def unknown_outcome_result(tool_name: str) -> ToolResult:
+    """The observation for a write interrupted by a crash that cannot be re-run."""
+    return ToolResult.failure(
+        ErrorCode.EUNKNOWN,
+        f"the outcome of {tool_name} is unknown: the worker stopped after the call "
+        "started and before its result was recorded; check the current state "
+        "before calling it again",
+    )
+
+
+def may_rerun_after_crash(contract: ToolContract) -> bool:
+    """Whether a call left without a result may simply run again.
+
+    Reads re-run; writes re-run only when the tool honours the idempotency key
+    (or is naturally idempotent). Anything else gets `unknown_outcome_result`.
+    """
+    effect = contract.effective_effect
+    if effect is Effect.READ_ONLY:
+        return True
+    if not contract.trusted:
+        return False
+    if contract.idempotency is Idempotency.REQUIRED_KEY:
+        return True
+    return (
+        effect is Effect.IDEMPOTENT_WRITE
+        and contract.idempotency is Idempotency.NATURAL
+    )

@@ -1,0 +1,87 @@
+"""The conversation in OpenAI chat format: what the host persists and rebuilds.
+
+Invariants kept here (spec §2.3): the assistant message with its tool calls is
+appended verbatim before any result; every call gets exactly one `tool` message
+from the same round; no user text sits between a call and its result.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runs.engine.actions import ToolCall
+
+
+class TranscriptError(ValueError):
+    """An append would break the chat-format invariants."""
+
+
+@dataclass
+class Transcript:
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, system_prompt: str, user_input: str) -> Transcript:
+        messages: list[dict[str, Any]] = []
+        if system_prompt:
+            messages.append({"role": "system", "content": system_prompt})
+        messages.append({"role": "user", "content": user_input})
+        return cls(messages)
+
+    def append_assistant(
+        self, text: str | None, calls: Sequence[ToolCall]
+    ) -> dict[str, Any]:
+        """Append the model's turn (arguments verbatim); returns the message."""
+        if self.open_calls():
+            raise TranscriptError("previous tool calls have no results yet")
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [call.to_message_dict() for call in calls]
+        self.messages.append(message)
+        return message
+
+    def append_tool_message(self, message: Mapping[str, Any]) -> None:
+        """Append the one `tool` message answering an open call of this round."""
+        call_id = message.get("tool_call_id")
+        if call_id not in self.open_calls():
+            raise TranscriptError(f"no open tool call {call_id!r} in this round")
+        self.messages.append(dict(message))
+
+    def append_user_note(self, text: str) -> None:
+        """Host feedback outside any tool call (e.g. an unusable reply)."""
+        if self.open_calls():
+            raise TranscriptError("cannot add user text while tool calls are open")
+        self.messages.append({"role": "user", "content": text})
+
+    def last_assistant_calls(self) -> list[dict[str, Any]]:
+        for message in reversed(self.messages):
+            if message.get("role") == "assistant":
+                return list(message.get("tool_calls") or [])
+        return []
+
+    def open_calls(self) -> list[str]:
+        """Call ids of the last assistant turn that have no result yet, in order."""
+        answered: set[str] = set()
+        for message in reversed(self.messages):
+            role = message.get("role")
+            if role == "tool":
+                answered.add(str(message.get("tool_call_id")))
+            elif role == "assistant":
+                return [
+                    str(call["id"])
+                    for call in message.get("tool_calls") or []
+                    if str(call["id"]) not in answered
+                ]
+            else:
+                return []
+        return []
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.messages)
+
+    @classmethod
+    def from_list(cls, messages: Sequence[Mapping[str, Any]]) -> Transcript:
+        return cls([dict(copy.deepcopy(m)) for m in messages])
