@@ -49,13 +49,17 @@ class ToolCall:
             return cls(call_id, name, {}, raw_arguments)
         try:
             decoded = json.loads(raw_arguments)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             return cls(
                 call_id,
                 name,
                 {},
                 raw_arguments,
                 parse_error=f"arguments are not valid JSON ({exc.msg} at {exc.pos})",
+            )
+        except (ValueError, RecursionError):
+            return cls(
+                call_id, name, {}, raw_arguments, parse_error="arguments are not usable"
             )
         if not isinstance(decoded, dict):
             return cls(

@@ -86,8 +86,12 @@ class BudgetLimits:
         if unknown:
             raise ValueError(f"unknown budget limits: {', '.join(unknown)}")
         values: dict[str, Any] = {}
-        for name in ("max_steps", "max_tool_calls", "max_input_tokens",
-                     "max_output_tokens"):
+        for name in (
+            "max_steps",
+            "max_tool_calls",
+            "max_input_tokens",
+            "max_output_tokens",
+        ):
             if data.get(name) is not None:
                 value = data[name]
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -213,6 +217,8 @@ def charge_model_call(
     )
 
 
-def charge_tool_call(usage: BudgetVector, tool_cost: Decimal = Decimal(0)) -> BudgetVector:
+def charge_tool_call(
+    usage: BudgetVector, tool_cost: Decimal = Decimal(0)
+) -> BudgetVector:
     """Usage after one tool execution."""
     return usage + BudgetVector(tool_calls=1, cost=tool_cost)

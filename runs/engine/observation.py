@@ -94,5 +94,7 @@ def observe(
     observation = Observation(
         call_id, tool_name, result.ok, content, len(full_bytes), True, digest
     )
-    artifact = Artifact(call_id, digest, len(full_bytes), "application/json", full_bytes)
+    artifact = Artifact(
+        call_id, digest, len(full_bytes), "application/json", full_bytes
+    )
     return observation, artifact

@@ -72,7 +72,9 @@ def default_policy(
     """Allow read-only tools from a trusted source; everything else needs a human."""
     if contract.is_read_only:
         return PolicyDecision(
-            PolicyAction.ALLOW, "default.read_only", "read-only tool from a trusted source"
+            PolicyAction.ALLOW,
+            "default.read_only",
+            "read-only tool from a trusted source",
         )
     if not context.approver_available:
         return PolicyDecision(

@@ -1,4 +1,4 @@
-"""Stop reasons and the run status each one ends in. The host decides; never the model."""
+"""Stop reasons and the run status each ends in; the host decides, never the model."""
 
 from __future__ import annotations
 

@@ -112,7 +112,9 @@ class ToolRegistry:
         return [tool.contract.model_view() for tool in self._tools.values()]
 
 
-def _call_handler(tool: Tool, arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+def _call_handler(
+    tool: Tool, arguments: dict[str, Any], ctx: ToolContext
+) -> ToolResult:
     try:
         if tool.check_preconditions is not None:
             unmet = tool.check_preconditions(arguments, ctx)

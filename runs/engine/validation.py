@@ -28,12 +28,26 @@ MAX_MESSAGE_CHARS = 300
 DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 
 # Keywords whose value is a map of name -> subschema.
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
-                "dependentSchemas")
+_SCHEMA_MAPS = (
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+)
 # Keywords whose value is one subschema.
-_SCHEMA_VALUES = ("additionalProperties", "items", "contains", "not", "if", "then",
-                  "else", "propertyNames", "unevaluatedItems",
-                  "unevaluatedProperties")
+_SCHEMA_VALUES = (
+    "additionalProperties",
+    "items",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
 # Keywords whose value is a list of subschemas.
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 
@@ -54,17 +68,17 @@ def _is_number(checker: object, instance: object) -> bool:
 _TYPE_CHECKER = Draft202012Validator.TYPE_CHECKER.redefine_many(
     {"integer": _is_integer, "number": _is_number}
 )
-StrictValidator = jsonschema.validators.extend(
+StrictValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
     Draft202012Validator, type_checker=_TYPE_CHECKER
 )
 
 
 def _refuse_retrieval(uri: str) -> Any:
     # Never dereference network (or any non-local) URIs: that is an SSRF vector.
-    raise NoSuchResource(ref=uri)
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
 
-_LOCAL_ONLY_REGISTRY: Registry[Any] = Registry(retrieve=_refuse_retrieval)
+_LOCAL_ONLY_REGISTRY: Registry[Any] = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
 
 
 def _walk(schema: Any, depth: int, counter: list[int]) -> None:
@@ -142,8 +156,15 @@ def json_path(parts: Iterable[str | int]) -> str:
     return out
 
 
-_JSON_TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string",
-                    list: "array", dict: "object", type(None): "null"}
+_JSON_TYPE_NAMES = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+    type(None): "null",
+}
 
 
 def json_type_name(value: object) -> str:
@@ -160,7 +181,8 @@ def _clip(message: str) -> str:
 def _messages_for(error: ValidationError) -> list[str]:
     path = list(error.absolute_path)
     if error.validator == "required" and isinstance(error.instance, dict):
-        required = error.validator_value
+        value = error.validator_value
+        required = value if isinstance(value, list) else []
         return [
             f"{json_path([*path, name])}: required property is missing"
             for name in required

@@ -54,8 +54,9 @@ def retry_after_seconds(headers: Mapping[str, str] | None, now: float) -> float 
 def _error_code(exc: openai.APIStatusError) -> str:
     code = getattr(exc, "code", None)
     kind = getattr(exc, "type", None)
-    body = exc.body if isinstance(exc.body, dict) else {}
-    nested = body.get("error") if isinstance(body.get("error"), dict) else body
+    body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
+    inner = body.get("error")
+    nested: dict[str, Any] = inner if isinstance(inner, dict) else body
     values = [code, kind, nested.get("code"), nested.get("type")]
     return next((str(v) for v in values if v), "")
 
@@ -126,7 +127,7 @@ class OpenAIModel:
     def backoff_seconds(self, attempt: int, retry_after: float | None) -> float:
         """Delay before retry number `attempt` (0-based): full-range jitter on an
         exponential base, never shorter than the server's `Retry-After`."""
-        base = min(self.max_delay_seconds, self.base_delay_seconds * (2**attempt))
+        base = min(self.max_delay_seconds, self.base_delay_seconds * (2.0**attempt))
         delay = base * (0.5 + self._rng.random() / 2)
         if retry_after is not None:
             delay = max(delay, retry_after)
@@ -190,11 +191,15 @@ class OpenAIModel:
                 self._sleep(delay)
                 attempt += 1
 
-    def _reply(self, completion: Any, request_id: str | None, attempts: int) -> ModelReply:
+    def _reply(
+        self, completion: Any, request_id: str | None, attempts: int
+    ) -> ModelReply:
         if not getattr(completion, "choices", None):
             raise ModelError(
-                "bad_response", "the response has no choices",
-                provider_request_id=request_id, attempts=attempts,
+                "bad_response",
+                "the response has no choices",
+                provider_request_id=request_id,
+                attempts=attempts,
             )
         choice = completion.choices[0]
         message = choice.message

@@ -44,7 +44,9 @@ def reply_from_entry(entry: ScriptEntry, index: int, model: str) -> ModelReply:
 class ScriptedModel:
     """Returns the script's replies in order; running out is a `ModelError`."""
 
-    def __init__(self, script: Sequence[ScriptEntry], *, model: str = "scripted") -> None:
+    def __init__(
+        self, script: Sequence[ScriptEntry], *, model: str = "scripted"
+    ) -> None:
         self._replies = [reply_from_entry(e, i, model) for i, e in enumerate(script)]
         self._model = model
         self.calls = 0
@@ -58,8 +60,9 @@ class ScriptedModel:
         return cls([ModelReply.from_dict(r) for r in replies], model=model)
 
     @classmethod
-    def with_position(cls, script: Sequence[ScriptEntry], position: int,
-                      *, model: str = "scripted") -> ScriptedModel:
+    def with_position(
+        cls, script: Sequence[ScriptEntry], position: int, *, model: str = "scripted"
+    ) -> ScriptedModel:
         """A model that continues a script from reply `position` (a resumed run)."""
         scripted = cls(script, model=model)
         scripted.calls = position

@@ -1,0 +1,1 @@
+"""The run engine: pure Python, no Django. See docs/engine.md."""

@@ -1,0 +1,308 @@
+"""The phases of one step as small functions the host composes and persists between.
+
+Order per step (DESIGN.md §4):
+  1. `plan_model_call` (check-before-spend, output reservation) → `call_model` →
+     `charge_model_call` → `record_reply` (persist the assistant turn now);
+  2. for each open call, in order: `gate_tool_call` (lookup → validation → policy)
+     → approval (host) → `execute_call` (tool budget → execute) → `record_result`
+     (persist before the next model call);
+  3. `check_progress`, then the host decides whether to stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from runs.engine.actions import (
+    Action,
+    FinalAnswer,
+    InvalidReply,
+    ModelReply,
+    ToolCall,
+    decode_reply,
+)
+from runs.engine.adapters import ModelAdapter, ModelError
+from runs.engine.budget import (
+    FREE,
+    BudgetLimits,
+    BudgetVector,
+    ModelPrice,
+    charge_tool_call,
+    check_before_model_call,
+    check_before_tool_call,
+    estimate_input_tokens,
+    model_call_reservation,
+)
+from runs.engine.envelope import ErrorCode, ToolResult
+from runs.engine.observation import (
+    DEFAULT_OBSERVATION_CHARS,
+    Artifact,
+    Observation,
+    observe,
+)
+from runs.engine.policy import (
+    PolicyAction,
+    PolicyContext,
+    PolicyDecision,
+    PolicyHook,
+    decide_policy,
+)
+from runs.engine.progress import ProgressTracker, step_fingerprint
+from runs.engine.stop import StopReason
+from runs.engine.tools import Tool, ToolContext, ToolRegistry, execute_tool
+from runs.engine.transcript import Transcript
+from runs.engine.validation import validate_arguments
+
+_MAX_LISTED_TOOLS = 30
+
+
+@dataclass(frozen=True)
+class ModelCallPlan:
+    max_output_tokens: int
+    estimated_input_tokens: int
+    reservation: BudgetVector  # what the host's ledger reserves before the call
+
+
+def plan_model_call(
+    usage: BudgetVector,
+    limits: BudgetLimits,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]],
+    *,
+    reserve_output_tokens: int,
+    price: ModelPrice = FREE,
+) -> ModelCallPlan | StopReason:
+    """Check before spending; the plan's `max_output_tokens` is the reservation."""
+    estimated = estimate_input_tokens(messages, tools)
+    refused = check_before_model_call(
+        usage,
+        limits,
+        reserve_output_tokens=reserve_output_tokens,
+        estimated_input_tokens=estimated,
+        price=price,
+    )
+    if refused is not None:
+        return refused
+    reservation = model_call_reservation(
+        reserve_output_tokens=reserve_output_tokens,
+        estimated_input_tokens=estimated,
+        price=price,
+    )
+    return ModelCallPlan(reserve_output_tokens, estimated, reservation)
+
+
+def call_model(
+    model: ModelAdapter,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]],
+    plan: ModelCallPlan,
+) -> ModelReply | ModelError:
+    """Call the adapter; any failure comes back as a `ModelError` value."""
+    try:
+        return model.complete(messages, tools, plan.max_output_tokens)
+    except ModelError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 - a broken adapter is a model_error
+        return ModelError("adapter_error", type(exc).__name__)
+
+
+def record_reply(transcript: Transcript, reply: ModelReply) -> Action:
+    """Append the assistant turn (persist it before any tool runs); return the action.
+
+    An `InvalidReply` also appends a user note telling the model what was wrong.
+    """
+    action = decode_reply(reply)
+    if isinstance(action, FinalAnswer):
+        transcript.append_assistant(action.text, ())
+    elif isinstance(action, InvalidReply):
+        transcript.append_assistant(reply.text, ())
+        transcript.append_user_note(action.reason)
+    else:
+        transcript.append_assistant(action.text, action.calls)
+    return action
+
+
+def open_tool_calls(
+    transcript: Transcript, action_calls: Sequence[ToolCall]
+) -> list[ToolCall]:
+    """The calls of the last turn that still need a result, in order."""
+    open_ids = set(transcript.open_calls())
+    return [call for call in action_calls if call.call_id in open_ids]
+
+
+def pending_tool_calls(transcript: Transcript) -> list[ToolCall]:
+    """The open calls rebuilt from the transcript alone (for a resumed step)."""
+    open_ids = set(transcript.open_calls())
+    return [
+        ToolCall.parse(
+            str(call["id"]),
+            str(call["function"]["name"]),
+            str(call["function"].get("arguments") or ""),
+        )
+        for call in transcript.last_assistant_calls()
+        if str(call["id"]) in open_ids
+    ]
+
+
+class GateVerdict(StrEnum):
+    EXECUTE = "execute"  # allowed: go on to execute_call
+    REFUSE = "refuse"  # the model can fix it: record `result`, go on with the run
+    NEEDS_APPROVAL = "needs_approval"  # persist an approval request and stop the task
+    DENY = "deny"  # policy denied: record `result`, stop the run as policy_denied
+
+
+@dataclass(frozen=True)
+class CallGate:
+    verdict: GateVerdict
+    call: ToolCall
+    tool: Tool | None = None
+    result: ToolResult | None = None  # set for REFUSE and DENY
+    decision: PolicyDecision | None = None  # set once policy was asked
+
+
+def gate_tool_call(
+    call: ToolCall,
+    registry: ToolRegistry,
+    policy: PolicyHook,
+    context: PolicyContext,
+) -> CallGate:
+    """Lookup (ENOTOOL) → strict validation (EINVAL) → policy (fail-safe)."""
+    if call.parse_error is not None:
+        result = ToolResult.failure(
+            ErrorCode.EINVAL, f"{call.name}: {call.parse_error}"
+        )
+        return CallGate(GateVerdict.REFUSE, call, result=result)
+    tool = registry.get(call.name)
+    if tool is None:
+        listed = ", ".join(registry.names[:_MAX_LISTED_TOOLS])
+        result = ToolResult.failure(
+            ErrorCode.ENOTOOL, f"there is no tool named {call.name!r}; tools: {listed}"
+        )
+        return CallGate(GateVerdict.REFUSE, call, result=result)
+    errors = validate_arguments(tool.contract.input_schema, dict(call.arguments))
+    if errors:
+        result = ToolResult.failure(ErrorCode.EINVAL, "; ".join(errors))
+        return CallGate(GateVerdict.REFUSE, call, tool=tool, result=result)
+    decision = decide_policy(policy, tool.contract, call.arguments, context)
+    if decision.action is PolicyAction.ALLOW:
+        return CallGate(GateVerdict.EXECUTE, call, tool=tool, decision=decision)
+    if decision.action is PolicyAction.REQUIRE_APPROVAL:
+        return CallGate(GateVerdict.NEEDS_APPROVAL, call, tool=tool, decision=decision)
+    result = ToolResult.failure(
+        ErrorCode.EPERM, f"{call.name} was blocked by policy: {decision.reason}"
+    )
+    return CallGate(GateVerdict.DENY, call, tool=tool, result=result, decision=decision)
+
+
+def approval_denied_result(tool_name: str, reason: str) -> ToolResult:
+    """What the model sees when a reviewer denies a call (the run goes on)."""
+    return ToolResult.failure(
+        ErrorCode.EPERM,
+        f"{tool_name} was denied by a reviewer: {reason}",
+        suggested_action="do_not_retry_follow_the_reason",
+    )
+
+
+def approval_expired_result(tool_name: str) -> ToolResult:
+    return approval_denied_result(tool_name, "expired: nobody decided in time")
+
+
+def cancelled_result(tool_name: str, reason: str) -> ToolResult:
+    """The explicit refusal for a call left unexecuted because the run stopped."""
+    return ToolResult.failure(
+        ErrorCode.ECANCELED, f"{tool_name} was not executed: {reason}"
+    )
+
+
+@dataclass(frozen=True)
+class ExecutionOutcome:
+    result: ToolResult
+    usage: BudgetVector
+    executed: bool
+    stop_reason: StopReason | None = None  # a budget cap refused the call
+
+
+def execute_call(
+    tool: Tool,
+    call: ToolCall,
+    usage: BudgetVector,
+    limits: BudgetLimits,
+    *,
+    run_id: str,
+    tenant_id: str = "",
+    sandbox: Callable[..., Any] | None = None,
+    timeout_seconds: float | None = None,
+) -> ExecutionOutcome:
+    """Check the tool budget, then execute; the usage returned includes the call."""
+    refused = check_before_tool_call(usage, limits, tool_cost=tool.money_cost)
+    if refused is not None:
+        result = ToolResult.failure(
+            ErrorCode.EBUDGET,
+            f"{call.name} was not executed: the run's {refused} budget is exhausted",
+        )
+        return ExecutionOutcome(result, usage, executed=False, stop_reason=refused)
+    context = ToolContext.for_call(
+        run_id, call.call_id, tenant_id=tenant_id, sandbox=sandbox
+    )
+    result = execute_tool(
+        tool, call.arguments, context, timeout_seconds=timeout_seconds
+    )
+    return ExecutionOutcome(
+        result, charge_tool_call(usage, tool.money_cost), executed=True
+    )
+
+
+def record_result(
+    transcript: Transcript,
+    call: ToolCall,
+    result: ToolResult,
+    *,
+    observation_chars: int = DEFAULT_OBSERVATION_CHARS,
+) -> tuple[Observation, Artifact | None]:
+    """Bound the result, append its `tool` message; persist before the next call."""
+    observation, artifact = observe(
+        call.call_id, call.name, result, limit_chars=observation_chars
+    )
+    transcript.append_tool_message(observation.to_message())
+    return observation, artifact
+
+
+def close_open_calls(transcript: Transcript, reason: str) -> list[str]:
+    """Give every still-open call an ECANCELED result; returns their ids."""
+    closed: list[str] = []
+    for call in pending_tool_calls(transcript):
+        record_result(transcript, call, cancelled_result(call.name, reason))
+        closed.append(call.call_id)
+    return closed
+
+
+def result_fingerprint_part(result: ToolResult) -> dict[str, Any]:
+    """The parts of a result that say what happened (not when, not how fast)."""
+    return {
+        "ok": result.ok,
+        "data": result.data,
+        "error": None
+        if result.error is None
+        else [str(result.error.code), result.error.message],
+    }
+
+
+def check_progress(
+    tracker: ProgressTracker,
+    action: Action,
+    results: Sequence[ToolResult],
+    world_version: Any = None,
+) -> StopReason | None:
+    """Record this step's fingerprint; `no_progress` when the window repeats."""
+    if isinstance(action, FinalAnswer):
+        return None
+    if isinstance(action, InvalidReply):
+        action_part: Any = {"invalid": action.reason}
+    else:
+        action_part = [[c.name, c.raw_arguments] for c in action.calls]
+    observation_part = [result_fingerprint_part(r) for r in results]
+    fingerprint = step_fingerprint(action_part, observation_part, world_version)
+    return StopReason.NO_PROGRESS if tracker.record(fingerprint) else None
