@@ -1,0 +1,112 @@
+"""The command line that starts one sandbox: launcher shell, uid drop, bubblewrap, init.
+
+No `preexec_fn` anywhere: the runner lives in Celery prefork children with
+OpenTelemetry threads, where running Python between fork and exec can deadlock. The
+work that must happen between fork and exec is done by separate small programs:
+
+1. `/bin/sh` (still root) writes its own pid into every cgroup.procs of the run and
+   execs the rest, so every later process is born inside the cgroup; it exits 125
+   (fail closed) if any write fails;
+2. `setpriv` drops to the sandbox uid/gid, clears groups and capabilities and sets
+   no_new_privs;
+3. `bwrap` (unprivileged, in a new user namespace) builds the namespaces and mounts;
+4. `sandbox_init.py` (pid 1 inside) applies rlimits and spawns the workload as pid 2.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+INIT_PATH_INSIDE = "/run/sandbox/init.py"
+PROXY_SOCKET_INSIDE = "/run/sandbox/proxy.sock"
+WORKSPACE_INSIDE = "/workspace"
+LAUNCHER_EXIT_CGROUP = 125
+
+# Joins the cgroups, then execs "$@". Paths are runner-made, never model input, and
+# are passed as arguments rather than interpolated into the script.
+_JOIN_SCRIPT = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do '
+    f'echo $$ > "$1" || exit {LAUNCHER_EXIT_CGROUP}; shift; n=$((n-1)); done; '
+    'exec "$@"'
+)
+
+_SYSTEM_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+def system_mounts() -> list[str]:
+    """Read-only system: /usr and /etc, plus the merged-/usr links of this host."""
+    args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for name in _SYSTEM_DIRS:
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), f"/{name}"]
+    return args
+
+
+def bwrap_argv(
+    bwrap: str,
+    *,
+    uid: int,
+    gid: int,
+    workspace: Path,
+    tmpfs_bytes: int,
+    extra_ro_binds: Sequence[tuple[str, str]] = (),
+    extra_binds: Sequence[tuple[str, str]] = (),
+) -> list[str]:
+    """bubblewrap up to (not including) the command; shared with the benchmark."""
+    args = [
+        bwrap,
+        "--unshare-all",  # user, ipc, pid, net, uts, cgroup
+        "--unshare-user",
+        "--disable-userns",  # no nested user namespaces for the workload
+        "--uid", str(uid),
+        "--gid", str(gid),
+        "--hostname", "sandbox",
+        *system_mounts(),
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp",
+        "--bind", str(workspace), WORKSPACE_INSIDE,
+    ]  # fmt: skip
+    for src, dest in extra_ro_binds:
+        args += ["--ro-bind", src, dest]
+    for src, dest in extra_binds:
+        args += ["--bind", src, dest]
+    args += [
+        "--chdir", WORKSPACE_INSIDE,
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",  # our init is pid 1; the workload is pid 2 (§6.3 #1)
+        "--cap-drop", "ALL",
+    ]  # fmt: skip
+    return args
+
+
+def setpriv_argv(setpriv: str, uid: int, gid: int) -> list[str]:
+    return [
+        setpriv,
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--inh-caps=-all",
+    ]
+
+
+def launcher_argv(procs_files: Sequence[str], rest: Sequence[str]) -> list[str]:
+    """`sh -c JOIN n procs... rest...`: join the cgroups, then exec the rest."""
+    return ["/bin/sh", "-c", _JOIN_SCRIPT, "sandbox-launcher", str(len(procs_files))] + [
+        *procs_files,
+        *rest,
+    ]
+
+
+def init_argv(python: str, config: dict[str, str], command: Sequence[str]) -> list[str]:
+    # -S no site, -E/-I ignore PYTHON* and user site, -B no .pyc writes: the init must
+    # start fast and must not be steerable by the workload's environment.
+    encoded = ",".join(f"{k}={v}" for k, v in config.items())
+    return [python, "-S", "-E", "-I", "-B", INIT_PATH_INSIDE, encoded, "--", *command]

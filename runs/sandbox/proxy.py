@@ -1,0 +1,320 @@
+"""The egress proxy of one run: allowlisted host:port only, decided before any packet.
+
+The sandbox has its own network namespace with only loopback; its one way out is a
+unix socket bound into it (bridged to 127.0.0.1:<port> inside by the init). This proxy
+listens on that socket in the runner and, for each HTTP CONNECT or absolute-URI
+request:
+
+1. refuses any host:port not on the allowlist (no DNS lookup happens for it, so a
+   refused name cannot exfiltrate data through the resolver either);
+2. resolves the name itself and refuses if ANY resolved address is loopback, private,
+   link-local, metadata, multicast, reserved or otherwise not global. The check runs on
+   the resolved address with `ipaddress`, so 2130706433, 0177.0.0.1, 0x7f.1 and
+   ::ffff:127.0.0.1 are all the same 127.0.0.1;
+3. connects to the pinned address (not the name again, so DNS rebinding between check
+   and connect is impossible) and re-checks the peer address.
+
+It is a tunnel, so it follows no redirects: a 3xx goes back to the client, whose next
+request comes through these same checks.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .spec import HostPort
+
+Resolver = Callable[[str, int], list[str]]
+
+_METADATA = {
+    ipaddress.ip_address("169.254.169.254"),  # AWS, GCP, Azure IMDS
+    ipaddress.ip_address("fd00:ec2::254"),  # AWS IMDS over IPv6
+    ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
+    ipaddress.ip_address("168.63.129.16"),  # Azure wireserver
+}
+_MAX_HEAD = 16384
+
+
+def default_resolver(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def address_refusal(address: str, *, allow_loopback: bool = False) -> str | None:
+    """Why `address` must not be reached, or None if it may be."""
+    try:
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
+            address.split("%", 1)[0]
+        )
+    except ValueError:
+        return "not an IP address"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif ip.sixtofour is not None:
+            ip = ip.sixtofour
+        elif ip.teredo is not None:
+            return "teredo tunnel address"
+    if ip.is_loopback:
+        return None if allow_loopback else "loopback address"
+    if ip in _METADATA:
+        return "cloud metadata address"
+    if ip.is_link_local:
+        return "link-local address"
+    if ip.is_private:
+        return "private address"
+    if ip.is_multicast or ip.is_reserved or ip.is_unspecified:
+        return "multicast, reserved or unspecified address"
+    if not ip.is_global:
+        return "non-global address"
+    return None
+
+
+class EgressProxy:
+    """A per-run HTTP CONNECT / forward proxy on a unix socket."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        allow: tuple[HostPort, ...],
+        *,
+        resolver: Resolver | None = None,
+        allow_loopback: bool = False,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.socket_path = socket_path
+        self.allow = {(t.host.lower(), t.port) for t in allow}
+        self.resolver = resolver or default_resolver
+        self.allow_loopback = allow_loopback
+        self.connect_timeout = connect_timeout
+        self.log: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._open: set[socket.socket] = set()
+        self._stopping = False
+
+    def start(self) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.socket_path)
+        # The sandbox uid must be able to connect; the directory above it is the
+        # runner's per-run directory, reachable only by that bind mount.
+        os.chmod(self.socket_path, 0o666)
+        listener.listen(64)
+        self._listener = listener
+        thread = threading.Thread(target=self._accept_loop, name="sandbox-proxy", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+        with self._lock:
+            for sock in list(self._open):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        for thread in self._threads:
+            thread.join(timeout=2.0)
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stopping:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open.add(sock)
+
+    def _record(self, entry: dict[str, Any]) -> None:
+        entry["at"] = time.time()
+        with self._lock:
+            self.log.append(entry)
+
+    def decide(self, host: str, port: int) -> tuple[str | None, str]:
+        """(address to connect to, "") or (None, reason). Sends no packet."""
+        host = host.lower().rstrip(".").strip("[]")
+        if (host, port) not in self.allow:
+            return None, "not on the allowlist"
+        try:
+            addresses = self.resolver(host, port)
+        except OSError as exc:
+            return None, f"resolution failed: {exc}"
+        if not addresses:
+            return None, "resolution returned no address"
+        for address in addresses:
+            reason = address_refusal(address, allow_loopback=self.allow_loopback)
+            if reason:
+                return None, f"{address}: {reason}"
+        return addresses[0], ""
+
+    def _serve(self, client: socket.socket) -> None:
+        self._track(client)
+        upstream: socket.socket | None = None
+        entry: dict[str, Any] = {"connect_attempted": False}
+        try:
+            head, rest = _read_head(client)
+            method, target, version, header_lines = _parse_head(head)
+            entry["method"] = method
+            if method == "CONNECT":
+                host, port = _split_host_port(target, default_port=443)
+                forward: bytes | None = None
+            else:
+                host, port, path = _split_url(target)
+                forward = _rewrite_request(method, path, version, header_lines) + rest
+            entry["target"] = f"{host}:{port}"
+            address, reason = self.decide(host, port)
+            if address is None:
+                entry.update(decision="deny", reason=reason)
+                client.sendall(_response(403, f"sandbox proxy: {reason}"))
+                return
+            entry.update(decision="allow", address=address, connect_attempted=True)
+            upstream = socket.create_connection((address, port), timeout=self.connect_timeout)
+            self._track(upstream)
+            peer = str(upstream.getpeername()[0])
+            peer_reason = address_refusal(peer, allow_loopback=self.allow_loopback)
+            if peer_reason:
+                entry.update(decision="deny", reason=f"peer {peer}: {peer_reason}")
+                client.sendall(_response(403, "sandbox proxy: peer refused"))
+                return
+            upstream.settimeout(None)
+            if forward is None:
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                if rest:
+                    upstream.sendall(rest)
+            else:
+                upstream.sendall(forward)
+            entry["connected"] = True
+            _relay(client, upstream)
+        except _BadRequest as exc:
+            entry.update(decision="deny", reason=str(exc))
+            try:
+                client.sendall(_response(400, f"sandbox proxy: {exc}"))
+            except OSError:
+                pass
+        except OSError as exc:
+            entry.setdefault("decision", "error")
+            entry["reason"] = f"upstream error: {exc}"
+            try:
+                client.sendall(_response(502, "sandbox proxy: upstream unreachable"))
+            except OSError:
+                pass
+        finally:
+            self._record(entry)
+            for sock in (client, upstream):
+                if sock is not None:
+                    with self._lock:
+                        self._open.discard(sock)
+                    sock.close()
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise _BadRequest("connection closed before request head")
+        data += chunk
+        if len(data) > _MAX_HEAD:
+            raise _BadRequest("request head too large")
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def _parse_head(head: bytes) -> tuple[str, str, str, list[str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3:
+        raise _BadRequest("malformed request line")
+    return parts[0].upper(), parts[1], parts[2], lines[1:]
+
+
+def _split_host_port(text: str, *, default_port: int) -> tuple[str, int]:
+    if text.startswith("["):
+        host, _, after = text[1:].partition("]")
+        port_text = after[1:] if after.startswith(":") else ""
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, ""
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        raise _BadRequest(f"bad port in {text!r}") from None
+    if not host or not 0 < port < 65536:
+        raise _BadRequest(f"bad target {text!r}")
+    return host, port
+
+
+def _split_url(url: str) -> tuple[str, int, str]:
+    if not url.lower().startswith("http://"):
+        raise _BadRequest("only CONNECT or absolute http:// URLs are proxied")
+    rest = url[7:]
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        raise _BadRequest("userinfo in URL refused")
+    host, port = _split_host_port(authority, default_port=80)
+    return host, port, slash + path if slash else "/"
+
+
+def _rewrite_request(method: str, path: str, version: str, headers: list[str]) -> bytes:
+    kept = [h for h in headers if not h.lower().startswith(("proxy-", "connection:"))]
+    lines = [f"{method} {path} {version}", *kept, "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+def _response(code: int, message: str) -> bytes:
+    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}.get(code, "Error")
+    body = (message + "\n").encode()
+    return (
+        f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+
+
+def _relay(a: socket.socket, b: socket.socket) -> None:
+    def one_way(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    other = threading.Thread(target=one_way, args=(b, a), daemon=True)
+    other.start()
+    one_way(a, b)
+    other.join()

@@ -1,0 +1,473 @@
+"""run_in_sandbox: validate, set up the cgroup and proxy, launch, watch, kill, judge."""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from . import launch
+from .capabilities import HostCapabilities, probe_host, require_layers
+from .cgroup import RunCgroup
+from .ownership import run_name
+from .paths import PathRefused, check_path
+from .proxy import EgressProxy
+from .result import SandboxResult
+from .spec import SandboxSettings, SandboxSpec, validate_spec
+from .verdict import Observation, judge
+
+_TICK_SECONDS = 0.01  # how often output size and pids events are polled
+_REAP_TIMEOUT = 5.0
+_BASE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": launch.WORKSPACE_INSIDE,
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+}
+_install_lock = threading.Lock()
+_installed_init: dict[str, bytes] = {}
+
+
+def run_in_sandbox(
+    spec: SandboxSpec, settings: SandboxSettings | None = None
+) -> SandboxResult:
+    """Run `spec.argv` under every available isolation layer and judge the outcome.
+
+    Raises SandboxSpecError for bad input and SandboxUnavailable when the host cannot
+    provide `settings.required_layers`; both happen before anything is spawned.
+    """
+    settings = settings or SandboxSettings()
+    settings.validate()
+    workspace = validate_spec(spec, settings)
+    caps = probe_host(settings)
+    planned = caps.planned_layers()
+    require_layers(planned, settings.required_layers)
+    enforcement = _enforcement(caps, planned, spec)
+    for rel in spec.paths:
+        try:
+            check_path(workspace, rel)
+        except PathRefused as refused:
+            return _refused(refused, enforcement)
+    return _Run(spec, settings, caps, workspace, enforcement).execute()
+
+
+@dataclass
+class _Files:
+    out: IO[bytes]
+    err: IO[bytes]
+    stdin: IO[bytes] | None
+
+
+class _Run:
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        settings: SandboxSettings,
+        caps: HostCapabilities,
+        workspace: Path,
+        enforcement: dict[str, Any],
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.caps = caps
+        self.workspace = workspace
+        self.enforcement = enforcement
+        self.name = run_name()
+        self.run_dir = settings.state_dir / "runs" / self.name
+        self.cgroup: RunCgroup | None = None
+        self.proxy: EgressProxy | None = None
+
+    def execute(self) -> SandboxResult:
+        init_path = _install_init(self.settings)
+        self.run_dir.mkdir(parents=True, mode=0o711)
+        files: _Files | None = None
+        try:
+            _give_workspace_to_sandbox(self.workspace, self.settings)
+            self._create_cgroup()
+            extra_binds: list[tuple[str, str]] = []
+            if not self.spec.network.is_none:
+                socket_path = str(self.run_dir / "proxy.sock")
+                self.proxy = EgressProxy(
+                    socket_path,
+                    self.spec.network.allow,
+                    resolver=self.settings.resolver,
+                    allow_loopback=self.settings.allow_loopback_targets,
+                )
+                self.proxy.start()
+                extra_binds.append((socket_path, launch.PROXY_SOCKET_INSIDE))
+            files = self._open_files()
+            return self._launch_and_watch(init_path, extra_binds, files)
+        finally:
+            if files is not None:
+                for f in (files.out, files.err, files.stdin):
+                    if f is not None:
+                        f.close()
+            if self.proxy is not None:
+                self.proxy.stop()
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _create_cgroup(self) -> None:
+        writable = self.caps.cgroup_writable
+        if not any(writable.values()):
+            return
+        limits = self.spec.limits
+        self.cgroup = RunCgroup.create(
+            self.caps.cgroup,
+            self.settings.cgroup_group,
+            self.name,
+            memory_bytes=limits.memory_mb * 1024 * 1024 if limits.memory_mb else None,
+            pids=limits.pids,
+            cpu_quota=limits.cpu_quota,
+        )
+        for key, value in self.cgroup.applied.items():
+            self.enforcement[key] = value
+
+    def _open_files(self) -> _Files:
+        out = open(self.run_dir / "stdout", "w+b")
+        err = open(self.run_dir / "stderr", "w+b")
+        stdin = None
+        if self.spec.stdin_data is not None:
+            path = self.run_dir / "stdin"
+            path.write_bytes(self.spec.stdin_data)
+            stdin = open(path, "rb")
+        return _Files(out, err, stdin)
+
+    def _argv(self, init_path: Path, status_fd: int, extra: list[tuple[str, str]]) -> list[str]:
+        limits = self.spec.limits
+        config = {"status": str(status_fd), "core": "0:0"}
+        if limits.cpu_seconds is not None:
+            soft = max(1, math.ceil(limits.cpu_seconds))
+            config["cpu"] = f"{soft}:{soft + 1}"
+        if limits.fsize_mb is not None:
+            config["fsize"] = str(limits.fsize_mb * 1024 * 1024)
+        if limits.nofile is not None:
+            config["nofile"] = str(limits.nofile)
+        as_mb = limits.effective_address_space_mb()
+        if as_mb is not None:
+            config["as"] = str(as_mb * 1024 * 1024)
+        if self.proxy is not None:
+            config["bridge"] = f"{self.settings.proxy_port}:{launch.PROXY_SOCKET_INSIDE}"
+        command = launch.init_argv(self.settings.python, config, self.spec.argv)
+        uid, gid = self.settings.sandbox_uid, self.settings.sandbox_gid
+        rest: list[str] = []
+        if self.caps.is_root:
+            assert self.caps.setpriv is not None
+            rest += launch.setpriv_argv(self.caps.setpriv, uid, gid)
+        else:
+            uid, gid = os.getuid(), os.getgid()
+        assert self.caps.bwrap is not None
+        rest += launch.bwrap_argv(
+            self.caps.bwrap,
+            uid=uid,
+            gid=gid,
+            workspace=self.workspace,
+            tmpfs_bytes=limits.tmpfs_mb * 1024 * 1024,
+            extra_ro_binds=[(str(init_path), launch.INIT_PATH_INSIDE)],
+            extra_binds=extra,
+        )
+        rest += command
+        procs = self.cgroup.procs_files if self.cgroup is not None else []
+        return launch.launcher_argv(procs, rest)
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(_BASE_ENV)
+        env.update(self.spec.env)
+        if self.proxy is not None:
+            url = f"http://127.0.0.1:{self.settings.proxy_port}"
+            for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                env[name] = url
+            env["NO_PROXY"] = env["no_proxy"] = ""
+        return env
+
+    def _launch_and_watch(
+        self, init_path: Path, extra: list[tuple[str, str]], files: _Files
+    ) -> SandboxResult:
+        limits = self.spec.limits
+        status_r, status_w = os.pipe()
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                self._argv(init_path, status_w, extra),
+                stdin=files.stdin if files.stdin is not None else subprocess.DEVNULL,
+                stdout=files.out,
+                stderr=files.err,
+                pass_fds=(status_w,),
+                close_fds=True,
+                start_new_session=True,
+                env=self._environment(),
+                cwd="/",
+            )
+        except BaseException:
+            os.close(status_r)
+            os.close(status_w)
+            raise
+        os.close(status_w)
+        killed_for: str | None = None
+        kill_method: str | None = None
+        try:
+            killed_for = self._watch(proc, files, started + limits.wall_seconds)
+            if killed_for is not None:
+                kill_method = self._kill(proc)
+            try:
+                proc.wait(timeout=_REAP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                kill_method = self._kill(proc)
+                proc.wait(timeout=_REAP_TIMEOUT)
+            duration_ms = int((time.monotonic() - started) * 1000)
+            reap_confirmed = self._confirm_reaped()
+        except BaseException:
+            # Never leave a sandbox behind, whatever interrupted us.
+            self._kill(proc)
+            proc.wait(timeout=_REAP_TIMEOUT)
+            os.close(status_r)
+            raise
+        init_status = _read_status(status_r)
+        counters = self.cgroup.counters() if self.cgroup is not None else {}
+        if kill_method is not None:
+            self.enforcement["kill_method"] = kill_method
+        return self._result(
+            proc, files, init_status, killed_for, counters, duration_ms, reap_confirmed
+        )
+
+    def _watch(self, proc: subprocess.Popen[bytes], files: _Files, deadline: float) -> str | None:
+        """Wait on a pidfd until exit, the wall clock, the output cap or the pids limit."""
+        cap = 2 * self.spec.limits.output_bytes
+        watch_pids = self.settings.kill_on_pids_limit and self.cgroup is not None
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return "wall_clock"
+                if poller.poll(min(remaining, _TICK_SECONDS) * 1000):
+                    return None
+                size = os.fstat(files.out.fileno()).st_size + os.fstat(files.err.fileno()).st_size
+                if size > cap:
+                    return "output_limit"
+                if watch_pids and self.cgroup is not None and self.cgroup.pids_limit_hit():
+                    return "pids_limit"
+        finally:
+            os.close(pidfd)
+
+    def _kill(self, proc: subprocess.Popen[bytes]) -> str:
+        if self.cgroup is not None and self.cgroup.applied.get("cgroup_kill"):
+            return self.cgroup.kill()
+        # Without cgroup.kill: SIGKILL bubblewrap, whose --die-with-parent takes the
+        # init (pid 1 of the namespace) and with it every process inside.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.cgroup is not None:
+            return "killpg+" + self.cgroup.kill()
+        return "killpg"
+
+    def _confirm_reaped(self) -> bool:
+        if self.cgroup is None:
+            return False  # nothing can confirm descendants are gone
+        if self.cgroup.wait_empty(2.0):
+            return True
+        self.cgroup.kill()
+        return self.cgroup.wait_empty(2.0)
+
+    def _result(
+        self,
+        proc: subprocess.Popen[bytes],
+        files: _Files,
+        init_status: dict[str, Any] | None,
+        killed_for: str | None,
+        counters: dict[str, int],
+        duration_ms: int,
+        reap_confirmed: bool,
+    ) -> SandboxResult:
+        limits = self.spec.limits
+        cap = limits.output_bytes
+        stdout, out_bytes = _read_capped(files.out, cap)
+        stderr, err_bytes = _read_capped(files.err, cap)
+        cpu_hard = (
+            max(1, math.ceil(limits.cpu_seconds)) + 1 if limits.cpu_seconds is not None else None
+        )
+        extra: list[str] = []
+        if proc.returncode == launch.LAUNCHER_EXIT_CGROUP and init_status is None:
+            extra.append("launcher could not join the run cgroup")
+        verdict = judge(
+            Observation(
+                init_status=init_status,
+                launcher_returncode=proc.returncode,
+                killed_for=killed_for,
+                counters=counters,
+                cpu_hard_seconds=cpu_hard if limits.cpu_seconds is not None else None,
+                output_cap=cap,
+                out_bytes=out_bytes,
+                err_bytes=err_bytes,
+                launcher_stderr_tail=stderr[-300:] if init_status is None else "",
+                extra_detail=extra,
+            )
+        )
+        maxrss = init_status.get("maxrss_kb") if init_status else None
+        return SandboxResult(
+            ok=verdict.ok,
+            exit_code=verdict.status.exit_code,
+            signal=verdict.status.signal,
+            signal_name=verdict.status.signal_name,
+            timed_out=verdict.timed_out,
+            termination_cause=verdict.cause,
+            output_limited=verdict.output_limited,
+            stdout=stdout,
+            stderr=stderr,
+            stdout_truncated=out_bytes > cap,
+            stderr_truncated=err_bytes > cap,
+            bytes={"stdout": out_bytes, "stderr": err_bytes},
+            duration_ms=duration_ms,
+            max_rss_kb=int(maxrss) if maxrss is not None else None,
+            error=verdict.error,
+            detail=verdict.detail,
+            enforcement=self.enforcement,
+            reap_confirmed=reap_confirmed,
+            core_dumped=verdict.status.core_dumped,
+            retryable=False,
+            counters=counters,
+            network_log=list(self.proxy.log) if self.proxy is not None else [],
+        )
+
+
+def _enforcement(caps: HostCapabilities, planned: dict[str, bool], spec: SandboxSpec) -> dict[str, Any]:
+    """The layers this run gets; cgroup entries are confirmed when the cgroup is made."""
+    limits = spec.limits
+    ns = planned["bwrap"]
+    return {
+        "bwrap": ns,
+        "bwrap_version": caps.bwrap_version,
+        "userns": ns,
+        "pidns": ns,
+        "netns": ns,
+        "mountns": ns,
+        "ipcns": ns,
+        "utsns": ns,
+        "readonly_root": ns,
+        "tmpfs_size": ns,
+        "init": "python",
+        "workload_not_pid1": ns,
+        "uid_drop": planned["uid_drop"],
+        "no_new_privs": planned["no_new_privs"],
+        "cap_drop": ns,
+        "rlimits": {
+            "core": 0,
+            "cpu": limits.cpu_seconds is not None,
+            "fsize": limits.fsize_mb is not None,
+            "nofile": limits.nofile is not None,
+            "as": limits.effective_address_space_mb() is not None,
+        },
+        "cgroup": caps.cgroup.mode,
+        "cgroup_kill": False,
+        "memory_limit": False,
+        "oom_group": False,
+        "pids_limit": False,
+        "cpu_quota": False,
+        "network": "none" if spec.network.is_none else "proxy",
+        "egress_filter": False,  # no nftables rule; the netns has no route but lo
+        "seccomp": False,
+        "landlock": False,
+    }
+
+
+def _refused(refused: PathRefused, enforcement: dict[str, Any]) -> SandboxResult:
+    return SandboxResult(
+        ok=False,
+        exit_code=None,
+        signal=None,
+        signal_name=None,
+        timed_out=False,
+        termination_cause="path_refused",
+        output_limited=False,
+        stdout="",
+        stderr="",
+        stdout_truncated=False,
+        stderr_truncated=False,
+        bytes={"stdout": 0, "stderr": 0},
+        duration_ms=0,
+        max_rss_kb=None,
+        error="EPATH",
+        detail=refused.detail,
+        enforcement=enforcement,
+        reap_confirmed=True,  # nothing was spawned
+    )
+
+
+def _install_init(settings: SandboxSettings) -> Path:
+    """Copy the init where the sandbox uid can read it (the repo may not be)."""
+    source = Path(__file__).with_name("sandbox_init.py")
+    target = settings.state_dir / "bin" / "sandbox_init.py"
+    with _install_lock:
+        content = _installed_init.get(str(target))
+        if content is None or not target.exists():
+            content = source.read_bytes()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            for d in (settings.state_dir, target.parent, settings.state_dir / "runs"):
+                d.mkdir(parents=True, exist_ok=True)
+                os.chmod(d, 0o711)
+            if not target.exists() or target.read_bytes() != content:
+                tmp = target.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_bytes(content)
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, target)
+            _installed_init[str(target)] = content
+    return target
+
+
+def _give_workspace_to_sandbox(workspace: Path, settings: SandboxSettings) -> None:
+    """The sandbox uid must own the workspace to write in it; lchown never follows a
+    symlink an earlier run may have planted."""
+    if os.geteuid() != 0:
+        return
+    uid, gid = settings.sandbox_uid, settings.sandbox_gid
+    for dirpath, dirnames, filenames in os.walk(workspace):
+        for name in [".", *dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if st.st_uid != uid or st.st_gid != gid:
+                os.lchown(path, uid, gid)
+
+
+def _read_status(fd: int) -> dict[str, Any] | None:
+    import json
+
+    os.set_blocking(fd, False)
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass  # a writer survived somewhere; what we have is what we use
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if not data:
+        return None
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _read_capped(f: IO[bytes], cap: int) -> tuple[str, int]:
+    size = os.fstat(f.fileno()).st_size
+    f.seek(0)
+    return f.read(cap).decode("utf-8", errors="replace"), size
+
