@@ -46,6 +46,16 @@ def default_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+def _numeric_address(host: str, port: int) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+        )
+    except socket.gaierror:
+        return []
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
 def address_refusal(address: str, *, allow_loopback: bool = False) -> str | None:
     """Why `address` must not be reached, or None if it may be."""
     try:
@@ -159,7 +169,9 @@ class EgressProxy:
         if (host, port) not in self.allow:
             return None, "not on the allowlist"
         try:
-            addresses = self.resolver(host, port)
+            # An IP literal in any spelling (2130706433, 0177.0.0.1, 0x7f.1, ::ffff:..)
+            # is decoded here without DNS; only real names go to the resolver.
+            addresses = _numeric_address(host, port) or self.resolver(host, port)
         except OSError as exc:
             return None, f"resolution failed: {exc}"
         if not addresses:
