@@ -230,6 +230,7 @@ def run_in_process(
                     run_id,
                     tenant_id,
                     sandbox,
+                    lambda: clock() - started,
                 )
                 if reason is not None:
                     close_open_calls(state.transcript, f"the run stopped ({reason})")
@@ -254,6 +255,7 @@ def _run_calls(
     run_id: str,
     tenant_id: str,
     sandbox: Callable[..., Any] | None,
+    elapsed: Callable[[], float],
 ) -> StopReason | None:
     """Each call in order; returns a stop reason when one ends the run."""
     for call in record.calls:
@@ -278,7 +280,7 @@ def _run_calls(
                 return StopReason.POLICY_DENIED
             continue
         assert gate.tool is not None
-        state.usage = state.usage.with_wall_seconds(state.usage.wall_seconds)
+        state.usage = state.usage.with_wall_seconds(elapsed())
         outcome = execute_call(
             gate.tool,
             call,
