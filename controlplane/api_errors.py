@@ -30,7 +30,9 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     elif isinstance(exc, Http404):
         body = {"code": "not_found", "message": "Not found."}
     else:
-        detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
+        detail = (
+            response.data.get("detail", "") if isinstance(response.data, dict) else ""
+        )
         code = getattr(exc, "default_code", "error")
         if isinstance(exc, exceptions.APIException):
             codes = exc.get_codes()

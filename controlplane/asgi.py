@@ -1,4 +1,4 @@
-"""ASGI entry point served by Daphne: HTTP through Django, WebSockets through Channels."""
+"""ASGI entry point for Daphne: HTTP through Django, WebSockets through Channels."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ def environment_values(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     return [
         Error(
             f"Environment variable {name}: {problem}.",
-            hint=f"Fix or unset {name}; README.md lists every variable and its default.",
+            hint=f"Fix or unset {name}; the README lists every variable.",
             id="controlplane.E001",
         )
         for name, problem in settings.ENV_PROBLEMS

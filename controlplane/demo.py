@@ -14,7 +14,11 @@ from controlplane import services
 from controlplane.models import Role, Tenant
 
 DEMO_TENANT_SLUG = "kettlecraft"
-DEMO_USERS = (("admin", Role.ADMIN), ("operator", Role.OPERATOR), ("viewer", Role.VIEWER))
+DEMO_USERS = (
+    ("admin", Role.ADMIN),
+    ("operator", Role.OPERATOR),
+    ("viewer", Role.VIEWER),
+)
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,9 @@ def demo_seed(*, reset_password: bool = False) -> DemoLogins:
 def describe_logins(logins: DemoLogins) -> str:
     users = ", ".join(logins.usernames)
     if logins.password is None:
-        secret = "password unchanged (set DEMO_PASSWORD or run seed_demo --reset-password)"
+        secret = (
+            "password unchanged (set DEMO_PASSWORD or run seed_demo --reset-password)"
+        )
     elif logins.password_generated:
         secret = f"password {logins.password} (generated; shown only this once)"
     else:

@@ -27,10 +27,10 @@ class EnvironmentReader:
         self.variables[name] = EnvVariable(name, default, help)
         return os.environ.get(name, default)
 
-    def str(self, name: str, default: str = "", *, help: str = "") -> str:
+    def string(self, name: str, default: str = "", *, help: str = "") -> str:
         return self._raw(name, default, help).strip()
 
-    def bool(self, name: str, default: bool, *, help: str = "") -> bool:
+    def boolean(self, name: str, default: bool, *, help: str = "") -> bool:
         raw = self._raw(name, "true" if default else "false", help).strip().lower()
         if raw in {"1", "true", "yes", "on"}:
             return True
@@ -39,7 +39,7 @@ class EnvironmentReader:
         self.problems.append((name, f"{raw!r} is not a boolean; use true or false"))
         return default
 
-    def int(
+    def integer(
         self, name: str, default: int, *, minimum: int = 0, help: str = ""
     ) -> int:
         raw = self._raw(name, str(default), help).strip()
@@ -53,7 +53,7 @@ class EnvironmentReader:
             return default
         return value
 
-    def float(
+    def number(
         self, name: str, default: float, *, minimum: float = 0.0, help: str = ""
     ) -> float:
         raw = self._raw(name, str(default), help).strip()
@@ -67,7 +67,7 @@ class EnvironmentReader:
             return default
         return value
 
-    def list(self, name: str, default: str, *, help: str = "") -> list[str]:
+    def items(self, name: str, default: str, *, help: str = "") -> list[str]:
         raw = self._raw(name, default, help)
         return [item.strip() for item in raw.split(",") if item.strip()]
 

@@ -7,6 +7,7 @@ worker's pool processes included) and Ctrl-C in the terminal reaches only us.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -179,10 +180,8 @@ class Launcher:
 
 
 def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def install_stop_handlers(stop: Callable[[], None]) -> None:

@@ -36,7 +36,9 @@ class Membership(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["user", "tenant"], name="one_role_per_tenant")
+            models.UniqueConstraint(
+                fields=["user", "tenant"], name="one_role_per_tenant"
+            )
         ]
 
     def __str__(self) -> str:

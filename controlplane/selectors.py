@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from controlplane.models import ApiToken, AuditEvent, Membership, Tenant
@@ -20,11 +20,11 @@ def api_token_by_secret(*, secret: str) -> ApiToken | None:
     )
 
 
-def membership_for(*, user: AbstractBaseUser, tenant: Tenant) -> Membership | None:
+def membership_for(*, user: User, tenant: Tenant) -> Membership | None:
     return Membership.objects.filter(user=user, tenant=tenant).first()
 
 
-def memberships_of(*, user: AbstractBaseUser) -> QuerySet[Membership]:
+def memberships_of(*, user: User) -> QuerySet[Membership]:
     return (
         Membership.objects.filter(user=user)
         .select_related("tenant")
@@ -32,7 +32,7 @@ def memberships_of(*, user: AbstractBaseUser) -> QuerySet[Membership]:
     )
 
 
-def api_tokens_for(*, tenant: Tenant, user: AbstractBaseUser) -> QuerySet[ApiToken]:
+def api_tokens_for(*, tenant: Tenant, user: User) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(tenant=tenant, user=user).order_by("-created_at")
 
 

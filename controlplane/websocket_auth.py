@@ -11,7 +11,7 @@ from channels.middleware import BaseMiddleware
 from controlplane import selectors
 
 
-class BearerTokenMiddleware(BaseMiddleware):
+class BearerTokenMiddleware(BaseMiddleware):  # type: ignore[misc]
     """Accept `Authorization: Bearer` on the upgrade request (API clients)."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:

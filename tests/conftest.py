@@ -80,8 +80,13 @@ class WorkerProcess:
                 self.process.wait()
 
 
-def start_worker(tmp_path: Path, *, concurrency: int = 1, pool: str = "prefork",
-                 extra_env: dict[str, str] | None = None) -> WorkerProcess:
+def start_worker(
+    tmp_path: Path,
+    *,
+    concurrency: int = 1,
+    pool: str = "prefork",
+    extra_env: dict[str, str] | None = None,
+) -> WorkerProcess:
     """Start a real `celery worker` on the test database and wait until it answers."""
     name = f"test-{uuid.uuid4().hex[:8]}@%h"
     log = tmp_path / f"worker-{uuid.uuid4().hex[:6]}.log"
@@ -114,7 +119,9 @@ def start_worker(tmp_path: Path, *, concurrency: int = 1, pool: str = "prefork",
 
 
 @pytest.fixture
-def celery_worker_process(tmp_path: Path, transactional_db: Any) -> Iterator[WorkerProcess]:
+def celery_worker_process(
+    tmp_path: Path, transactional_db: Any
+) -> Iterator[WorkerProcess]:
     worker = start_worker(tmp_path)
     yield worker
     worker.stop()
@@ -139,7 +146,9 @@ def _member(tenant: Any, username: str, role: str) -> Any:
 
     from controlplane.services import membership_set
 
-    user = get_user_model().objects.create_user(username=username, password="pw-" + username)
+    user = get_user_model().objects.create_user(
+        username=username, password="pw-" + username
+    )
     membership_set(tenant=tenant, user=user, role=role)
     return user
 

@@ -46,8 +46,9 @@ def test_compose_urls_point_at_the_compose_services():
     assert "@postgres:5432/" in environment["DATABASE_URL"]
     assert environment["REDIS_URL"].startswith("redis://redis:6379")
     postgres = COMPOSE["services"]["postgres"]["environment"]
-    assert f"{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}@" in (
-        environment["DATABASE_URL"]
+    assert (
+        f"{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}@"
+        in (environment["DATABASE_URL"])
     )
     assert environment["DATABASE_URL"].endswith("/" + postgres["POSTGRES_DB"])
 

@@ -27,9 +27,7 @@ def test_session_user_in_two_tenants_picks_one_by_header(
     assert len(other["tenants"]) == 2
 
 
-def test_header_naming_a_tenant_the_user_is_not_in_is_403(
-    operator_user, other_tenant
-):
+def test_header_naming_a_tenant_the_user_is_not_in_is_403(operator_user, other_tenant):
     client = APIClient()
     client.force_authenticate(user=operator_user)
     response = client.get("/api/v1/me/", HTTP_X_TENANT="otherco")
@@ -71,6 +69,8 @@ def test_login_page_logs_in_and_home_shows_the_tenant_and_role(operator_user):
 
 
 def test_wrong_password_stays_on_login_with_an_error(operator_user):
-    response = Client().post("/login/", {"username": "oscar-operator", "password": "no"})
+    response = Client().post(
+        "/login/", {"username": "oscar-operator", "password": "no"}
+    )
     assert response.status_code == 200
     assert b"did not match" in response.content

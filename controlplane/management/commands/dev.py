@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -33,7 +34,7 @@ class Command(BaseCommand):
             port=options["port"],
             redis_url=settings.REDIS_URL,
             worker_concurrency=options["concurrency"],
-            out=self.stdout._out,
+            out=sys.stdout,
         )
         install_stop_handlers(launcher.stopping.set)
         try:
