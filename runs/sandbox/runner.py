@@ -262,17 +262,36 @@ class _Run:
             os.close(pidfd)
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> str:
+        """Kill the whole tree; returns the methods used.
+
+        First SIGKILL the init (pid 1 of the namespace): the kernel then kills every
+        process in the namespace, setsid escapees included, and the init's parent,
+        bubblewrap, reaps it. Killing bubblewrap at the same moment instead would
+        orphan the init to the host's pid 1, which reaps lazily (§6.3 #7). The cgroup
+        kill follows as the backstop for anything outside the namespace.
+        """
+        methods: list[str] = []
+        init_pid = _first_child(proc.pid)
+        if init_pid is not None:
+            try:
+                os.kill(init_pid, signal.SIGKILL)
+                methods.append("pidns")
+                proc.wait(timeout=1.0)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
         if self.cgroup is not None and self.cgroup.applied.get("cgroup_kill"):
-            return self.cgroup.kill()
-        # Without cgroup.kill: SIGKILL bubblewrap, whose --die-with-parent takes the
-        # init (pid 1 of the namespace) and with it every process inside.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if self.cgroup is not None:
-            return "killpg+" + self.cgroup.kill()
-        return "killpg"
+            methods.append(self.cgroup.kill())
+        else:
+            # Without cgroup.kill: SIGKILL bubblewrap; --die-with-parent takes the
+            # init and with it every process inside.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+                methods.append("killpg")
+            except ProcessLookupError:
+                pass
+            if self.cgroup is not None:
+                methods.append(self.cgroup.kill())
+        return "+".join(methods)
 
     def _confirm_reaped(self) -> bool:
         if self.cgroup is None:
@@ -439,6 +458,15 @@ def _give_workspace_to_sandbox(workspace: Path, settings: SandboxSettings) -> No
             st = os.lstat(path)
             if st.st_uid != uid or st.st_gid != gid:
                 os.lchown(path, uid, gid)
+
+
+def _first_child(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = f.read().split()
+    except OSError:
+        return None
+    return int(children[0]) if children else None
 
 
 def _read_status(fd: int) -> dict[str, Any] | None:
