@@ -25,7 +25,10 @@ def test_half_written_arguments_are_a_parse_error() -> None:
 
 
 def test_non_object_arguments_are_a_parse_error() -> None:
-    assert ToolCall.parse("c1", "t", "[1, 2]").parse_error == "arguments must be a JSON object"
+    assert (
+        ToolCall.parse("c1", "t", "[1, 2]").parse_error
+        == "arguments must be a JSON object"
+    )
 
 
 def test_empty_arguments_mean_no_arguments() -> None:
@@ -80,9 +83,15 @@ def test_plain_text_is_a_final_answer_and_empty_reply_is_invalid() -> None:
 
 def test_model_reply_round_trips() -> None:
     reply = ModelReply(
-        tool_calls=(ToolCall.parse("c1", "t", '{"a": 1}'),), text=None,
-        finish_reason="tool_calls", usage=Usage(10, 5), model="gpt-x-2026",
-        provider="openai", provider_request_id="req_1", response_id="chatcmpl-1",
-        raw={"id": "chatcmpl-1"}, attempts=2,
+        tool_calls=(ToolCall.parse("c1", "t", '{"a": 1}'),),
+        text=None,
+        finish_reason="tool_calls",
+        usage=Usage(10, 5),
+        model="gpt-x-2026",
+        provider="openai",
+        provider_request_id="req_1",
+        response_id="chatcmpl-1",
+        raw={"id": "chatcmpl-1"},
+        attempts=2,
     )
     assert ModelReply.from_dict(reply.to_dict()) == reply

@@ -21,7 +21,11 @@ PRICE = ModelPrice(input_per_million=Decimal("3"), output_per_million=Decimal("1
 
 def model_check(usage: BudgetVector, limits: BudgetLimits) -> StopReason | None:
     return check_before_model_call(
-        usage, limits, reserve_output_tokens=500, estimated_input_tokens=1000, price=PRICE
+        usage,
+        limits,
+        reserve_output_tokens=500,
+        estimated_input_tokens=1000,
+        price=PRICE,
     )
 
 
@@ -38,7 +42,9 @@ def test_the_step_after_the_last_allowed_is_refused_before_the_call() -> None:
 def test_output_reservation_that_does_not_fit_stops_with_max_tokens() -> None:
     limits = BudgetLimits(max_output_tokens=2000)
     assert model_check(BudgetVector(output_tokens=1500), limits) is None
-    assert model_check(BudgetVector(output_tokens=1501), limits) is StopReason.MAX_TOKENS
+    assert (
+        model_check(BudgetVector(output_tokens=1501), limits) is StopReason.MAX_TOKENS
+    )
 
 
 def test_input_estimate_that_does_not_fit_stops_with_max_tokens() -> None:
@@ -51,7 +57,9 @@ def test_cost_including_the_reservation_stops_with_max_cost() -> None:
     # The call may cost 1000 * 3/1e6 + 500 * 15/1e6 = 0.0105.
     limits = BudgetLimits(max_cost=Decimal("0.05"))
     assert model_check(BudgetVector(cost=Decimal("0.0395")), limits) is None
-    assert model_check(BudgetVector(cost=Decimal("0.0396")), limits) is StopReason.MAX_COST
+    assert (
+        model_check(BudgetVector(cost=Decimal("0.0396")), limits) is StopReason.MAX_COST
+    )
 
 
 def test_deadline_stops_first() -> None:
@@ -61,28 +69,39 @@ def test_deadline_stops_first() -> None:
 
 
 def test_output_reservation_is_checked_before_input_and_cost() -> None:
-    limits = BudgetLimits(max_output_tokens=100, max_input_tokens=10, max_cost=Decimal(0))
+    limits = BudgetLimits(
+        max_output_tokens=100, max_input_tokens=10, max_cost=Decimal(0)
+    )
     assert model_check(BudgetVector(), limits) is StopReason.MAX_TOKENS
 
 
 def test_tool_call_after_the_last_allowed_is_refused() -> None:
     limits = BudgetLimits(max_tool_calls=3)
     assert check_before_tool_call(BudgetVector(tool_calls=2), limits) is None
-    assert check_before_tool_call(BudgetVector(tool_calls=3), limits) is StopReason.MAX_TOOL_CALLS
+    assert (
+        check_before_tool_call(BudgetVector(tool_calls=3), limits)
+        is StopReason.MAX_TOOL_CALLS
+    )
 
 
 def test_tool_money_cost_counts_against_max_cost() -> None:
     limits = BudgetLimits(max_cost=Decimal("1.00"))
     usage = BudgetVector(cost=Decimal("0.90"))
     assert check_before_tool_call(usage, limits, tool_cost=Decimal("0.10")) is None
-    assert check_before_tool_call(usage, limits, tool_cost=Decimal("0.11")) is StopReason.MAX_COST
+    assert (
+        check_before_tool_call(usage, limits, tool_cost=Decimal("0.11"))
+        is StopReason.MAX_COST
+    )
 
 
 def test_charges_add_up_exactly() -> None:
     usage = charge_model_call(BudgetVector(), 1000, 500, PRICE)
     usage = charge_tool_call(usage, Decimal("0.25"))
     assert usage == BudgetVector(
-        steps=1, tool_calls=1, input_tokens=1000, output_tokens=500,
+        steps=1,
+        tool_calls=1,
+        input_tokens=1000,
+        output_tokens=500,
         cost=Decimal("0.2605"),
     )
 

@@ -18,7 +18,9 @@ SCHEMA = {
 
 
 def test_undeclared_facts_default_to_the_most_conservative() -> None:
-    contract = ToolContract(name="mystery", description="Does something.", input_schema=SCHEMA)
+    contract = ToolContract(
+        name="mystery", description="Does something.", input_schema=SCHEMA
+    )
     assert contract.effect is Effect.IRREVERSIBLE_EXTERNAL
     assert contract.idempotency is Idempotency.NONE
     assert contract.source is ToolSource.UNTRUSTED
@@ -28,7 +30,9 @@ def test_undeclared_facts_default_to_the_most_conservative() -> None:
 
 def test_untrusted_tool_claiming_read_only_is_treated_as_external_write() -> None:
     contract = ToolContract(
-        name="third_party", description="Claims to read.", input_schema=SCHEMA,
+        name="third_party",
+        description="Claims to read.",
+        input_schema=SCHEMA,
         effect=Effect.READ_ONLY,
     )
     assert contract.effective_effect is Effect.IRREVERSIBLE_EXTERNAL
@@ -46,9 +50,13 @@ def test_unknown_effect_in_a_declaration_falls_back_to_irreversible() -> None:
 
 def test_model_view_shows_only_name_description_and_schema() -> None:
     contract = ToolContract(
-        name="refund", description="Refund a paid order.", input_schema=SCHEMA,
-        preconditions=("order.status == 'paid'",), effect=Effect.IRREVERSIBLE_EXTERNAL,
-        idempotency=Idempotency.REQUIRED_KEY, auth_scope="billing:refund",
+        name="refund",
+        description="Refund a paid order.",
+        input_schema=SCHEMA,
+        preconditions=("order.status == 'paid'",),
+        effect=Effect.IRREVERSIBLE_EXTERNAL,
+        idempotency=Idempotency.REQUIRED_KEY,
+        auth_scope="billing:refund",
         source=ToolSource.BUILTIN,
     )
     view = contract.model_view()
@@ -72,10 +80,14 @@ def test_model_view_is_not_strict_when_a_property_is_optional() -> None:
 
 def test_contract_round_trips_through_a_dict() -> None:
     contract = ToolContract(
-        name="refund", description="Refund.", input_schema=SCHEMA,
+        name="refund",
+        description="Refund.",
+        input_schema=SCHEMA,
         preconditions=("amount_cents <= order.refundable_cents",),
-        effect=Effect.IRREVERSIBLE_EXTERNAL, idempotency=Idempotency.REQUIRED_KEY,
-        auth_scope="billing:refund", source=ToolSource.TRUSTED,
+        effect=Effect.IRREVERSIBLE_EXTERNAL,
+        idempotency=Idempotency.REQUIRED_KEY,
+        auth_scope="billing:refund",
+        source=ToolSource.TRUSTED,
     )
     assert ToolContract.from_dict(contract.to_dict()) == contract
 

@@ -8,7 +8,9 @@ from runs.engine.envelope import ErrorCode, ToolError, ToolFailure, ToolResult
 
 
 def test_success_envelope_has_the_six_fields() -> None:
-    result = ToolResult.success({"status": "delivered"}, refs=({"kind": "order", "id": "4821"},))
+    result = ToolResult.success(
+        {"status": "delivered"}, refs=({"kind": "order", "id": "4821"},)
+    )
     data = result.to_dict()
     assert set(data) == {"ok", "data", "error", "refs", "cost", "observed_at"}
     assert data["ok"] is True
@@ -17,7 +19,9 @@ def test_success_envelope_has_the_six_fields() -> None:
 
 
 def test_failure_takes_the_code_defaults() -> None:
-    result = ToolResult.failure(ErrorCode.EPERM, "refund amount 90000 exceeds refundable 20000")
+    result = ToolResult.failure(
+        ErrorCode.EPERM, "refund amount 90000 exceeds refundable 20000"
+    )
     assert result.error == ToolError(
         ErrorCode.EPERM,
         "refund amount 90000 exceeds refundable 20000",
@@ -46,6 +50,16 @@ def test_tool_failure_carries_its_envelope() -> None:
 
 
 def test_design_error_codes_all_exist() -> None:
-    for code in ["EINVAL", "ENOTOOL", "EBUDGET", "EPERM", "EACCES", "ETIMEDOUT",
-                 "EPATH", "EDISK", "EOUTPUT", "EUNKNOWN"]:
+    for code in [
+        "EINVAL",
+        "ENOTOOL",
+        "EBUDGET",
+        "EPERM",
+        "EACCES",
+        "ETIMEDOUT",
+        "EPATH",
+        "EDISK",
+        "EOUTPUT",
+        "EUNKNOWN",
+    ]:
         assert ErrorCode(code).value == code

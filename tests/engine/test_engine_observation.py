@@ -11,10 +11,18 @@ def test_small_result_is_passed_whole_with_the_trust_label() -> None:
     assert artifact is None
     assert observation.truncated is False
     body = json.loads(observation.content)
-    assert body == {"trust": TRUST_LABEL, "tool": "lookup_order", "ok": True,
-                    "data": {"a": 1}, "error": None, "refs": []}
+    assert body == {
+        "trust": TRUST_LABEL,
+        "tool": "lookup_order",
+        "ok": True,
+        "data": {"a": 1},
+        "error": None,
+        "refs": [],
+    }
     assert observation.to_message() == {
-        "role": "tool", "tool_call_id": "c1", "content": observation.content
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": observation.content,
     }
 
 

@@ -23,17 +23,26 @@ MODEL = "gpt-test-2026-01-01"
 
 
 def completion(
-    *, content: str | None = None, tool_calls: list[tuple[str, str, str]] | None = None,
-    finish_reason: str = "stop", response_id: str = "chatcmpl-1",
+    *,
+    content: str | None = None,
+    tool_calls: list[tuple[str, str, str]] | None = None,
+    finish_reason: str = "stop",
+    response_id: str = "chatcmpl-1",
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = [
-            {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+            {
+                "id": cid,
+                "type": "function",
+                "function": {"name": name, "arguments": args},
+            }
             for cid, name, args in tool_calls
         ]
     return {
-        "id": response_id, "object": "chat.completion", "created": 1_700_000_000,
+        "id": response_id,
+        "object": "chat.completion",
+        "created": 1_700_000_000,
         "model": MODEL,
         "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
         "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
@@ -57,7 +66,11 @@ class FakeProvider:
                 length = int(self.headers.get("content-length", "0"))
                 body = json.loads(self.rfile.read(length))
                 provider.requests.append(
-                    {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+                    {
+                        "path": self.path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "body": body,
+                    }
                 )
                 status, headers, payload, delay = provider.responses.pop(0)
                 time.sleep(delay)
@@ -80,15 +93,22 @@ class FakeProvider:
         self.server.daemon_threads = True
         self.server.block_on_close = False
         self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.02},
+            daemon=True,
         )
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
-    def push(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None,
-             delay: float = 0.0) -> None:
+    def push(
+        self,
+        status: int,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        delay: float = 0.0,
+    ) -> None:
         self.responses.append((status, headers or {}, body, delay))
 
 
@@ -110,19 +130,33 @@ class Sleeps:
 
 
 def make_model(provider: FakeProvider, sleeps: Sleeps, **kw: Any) -> OpenAIModel:
-    return OpenAIModel(model=MODEL, api_key="sk-test", base_url=provider.base_url,
-                       sleep=sleeps, rng=random.Random(7), **kw)
+    return OpenAIModel(
+        model=MODEL,
+        api_key="sk-test",
+        base_url=provider.base_url,
+        sleep=sleeps,
+        rng=random.Random(7),
+        **kw,
+    )
 
 
 MESSAGES = [{"role": "user", "content": "Where is order 4821?"}]
 
 
-def test_tool_calls_are_parsed_and_the_provider_record_is_kept(provider: FakeProvider) -> None:
-    provider.push(200, completion(
-        tool_calls=[("call_1", "lookup_order", '{"order_id": "4821"}'),
-                    ("call_2", "get_delivery_date", '{"shipment": "S-1"}')],
-        finish_reason="tool_calls",
-    ), headers={"x-request-id": "req_abc123"})
+def test_tool_calls_are_parsed_and_the_provider_record_is_kept(
+    provider: FakeProvider,
+) -> None:
+    provider.push(
+        200,
+        completion(
+            tool_calls=[
+                ("call_1", "lookup_order", '{"order_id": "4821"}'),
+                ("call_2", "get_delivery_date", '{"shipment": "S-1"}'),
+            ],
+            finish_reason="tool_calls",
+        ),
+        headers={"x-request-id": "req_abc123"},
+    )
     reply = make_model(provider, Sleeps()).complete(MESSAGES, [], 256)
     assert [(c.call_id, c.name, dict(c.arguments)) for c in reply.tool_calls] == [
         ("call_1", "lookup_order", {"order_id": "4821"}),
@@ -149,15 +183,21 @@ def test_request_carries_tools_serial_calls_and_the_output_reservation(
     assert body["max_completion_tokens"] == 321
     assert body["parallel_tool_calls"] is False
     assert body["tool_choice"] == "auto"
-    assert [t["function"]["name"] for t in body["tools"]] == ["lookup_order", "create_replacement"]
+    assert [t["function"]["name"] for t in body["tools"]] == [
+        "lookup_order",
+        "create_replacement",
+    ]
     assert request["headers"]["authorization"] == "Bearer sk-test"
 
 
 def test_429_with_retry_after_waits_at_least_that_long_then_succeeds(
     provider: FakeProvider,
 ) -> None:
-    provider.push(429, error_body("Rate limit reached", "rate_limit_exceeded", "requests"),
-                  headers={"retry-after": "7"})
+    provider.push(
+        429,
+        error_body("Rate limit reached", "rate_limit_exceeded", "requests"),
+        headers={"retry-after": "7"},
+    )
     provider.push(200, completion(content="ok"))
     sleeps = Sleeps()
     reply = make_model(provider, sleeps).complete(MESSAGES, [], 64)
@@ -166,14 +206,21 @@ def test_429_with_retry_after_waits_at_least_that_long_then_succeeds(
     assert len(sleeps.calls) == 1 and sleeps.calls[0] >= 7
     assert len(provider.requests) == 2
     # The SDK itself never retried: each HTTP request is a first attempt.
-    assert all(r["headers"].get("x-stainless-retry-count", "0") == "0"
-               for r in provider.requests)
+    assert all(
+        r["headers"].get("x-stainless-retry-count", "0") == "0"
+        for r in provider.requests
+    )
 
 
-def test_500_is_retried_at_most_three_times_then_model_error(provider: FakeProvider) -> None:
+def test_500_is_retried_at_most_three_times_then_model_error(
+    provider: FakeProvider,
+) -> None:
     for _ in range(5):
-        provider.push(500, error_body("boom", "server_error", "server_error"),
-                      headers={"x-request-id": "req_500"})
+        provider.push(
+            500,
+            error_body("boom", "server_error", "server_error"),
+            headers={"x-request-id": "req_500"},
+        )
     sleeps = Sleeps()
     with pytest.raises(ModelError) as caught:
         make_model(provider, sleeps).complete(MESSAGES, [], 64)
@@ -189,7 +236,9 @@ def test_500_is_retried_at_most_three_times_then_model_error(provider: FakeProvi
 
 
 def test_401_is_not_retried(provider: FakeProvider) -> None:
-    provider.push(401, error_body("Incorrect API key", "invalid_api_key", "invalid_request_error"))
+    provider.push(
+        401, error_body("Incorrect API key", "invalid_api_key", "invalid_request_error")
+    )
     sleeps = Sleeps()
     with pytest.raises(ModelError) as caught:
         make_model(provider, sleeps).complete(MESSAGES, [], 64)
@@ -201,8 +250,14 @@ def test_401_is_not_retried(provider: FakeProvider) -> None:
 
 
 def test_insufficient_quota_is_not_retried(provider: FakeProvider) -> None:
-    provider.push(429, error_body("You exceeded your current quota", "insufficient_quota",
-                                  "insufficient_quota"))
+    provider.push(
+        429,
+        error_body(
+            "You exceeded your current quota",
+            "insufficient_quota",
+            "insufficient_quota",
+        ),
+    )
     sleeps = Sleeps()
     with pytest.raises(ModelError) as caught:
         make_model(provider, sleeps).complete(MESSAGES, [], 64)
@@ -211,9 +266,14 @@ def test_insufficient_quota_is_not_retried(provider: FakeProvider) -> None:
     assert sleeps.calls == []
 
 
-def test_retry_after_beyond_the_max_delay_is_not_waited_for(provider: FakeProvider) -> None:
-    provider.push(429, error_body("slow down", "rate_limit_exceeded", "requests"),
-                  headers={"retry-after": "3600"})
+def test_retry_after_beyond_the_max_delay_is_not_waited_for(
+    provider: FakeProvider,
+) -> None:
+    provider.push(
+        429,
+        error_body("slow down", "rate_limit_exceeded", "requests"),
+        headers={"retry-after": "3600"},
+    )
     sleeps = Sleeps()
     with pytest.raises(ModelError) as caught:
         make_model(provider, sleeps).complete(MESSAGES, [], 64)
@@ -233,8 +293,14 @@ def test_timeout_is_retried(provider: FakeProvider) -> None:
 
 def test_connection_error_is_retried_then_model_error() -> None:
     sleeps = Sleeps()
-    model = OpenAIModel(model=MODEL, api_key="k", base_url="http://127.0.0.1:9/v1",
-                        sleep=sleeps, rng=random.Random(1), timeout_seconds=2)
+    model = OpenAIModel(
+        model=MODEL,
+        api_key="k",
+        base_url="http://127.0.0.1:9/v1",
+        sleep=sleeps,
+        rng=random.Random(1),
+        timeout_seconds=2,
+    )
     with pytest.raises(ModelError) as caught:
         model.complete(MESSAGES, [], 64)
     assert caught.value.kind == "connection"
@@ -245,12 +311,23 @@ def test_connection_error_is_retried_then_model_error() -> None:
 def test_finish_reason_length_reaches_the_loop_and_nothing_runs(
     provider: FakeProvider, registry: ToolRegistry, shop: Shop
 ) -> None:
-    provider.push(200, completion(tool_calls=[("call_1", "lookup_order", '{"order_id": "48')],
-                                  finish_reason="length"))
-    provider.push(200, completion(content="Sorry, let me answer briefly.",
-                                  response_id="chatcmpl-2"))
-    result = run_in_process(AgentConfig(name="a"), make_model(provider, Sleeps()), registry,
-                            user_input="Where is 4821?")
+    provider.push(
+        200,
+        completion(
+            tool_calls=[("call_1", "lookup_order", '{"order_id": "48')],
+            finish_reason="length",
+        ),
+    )
+    provider.push(
+        200,
+        completion(content="Sorry, let me answer briefly.", response_id="chatcmpl-2"),
+    )
+    result = run_in_process(
+        AgentConfig(name="a"),
+        make_model(provider, Sleeps()),
+        registry,
+        user_input="Where is 4821?",
+    )
     assert shop.invocations == []
     tool_message = result.messages[2]
     assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_1"
@@ -261,18 +338,34 @@ def test_finish_reason_length_reaches_the_loop_and_nothing_runs(
     assert sent[2]["tool_call_id"] == "call_1"
 
 
-def test_full_run_against_the_provider(provider: FakeProvider, registry: ToolRegistry,
-                                       shop: Shop) -> None:
-    provider.push(200, completion(
-        tool_calls=[("call_1", "lookup_order", '{"order_id": "4821"}'),
-                    ("call_2", "lookup_order", '{"order_id": "4822"}')],
-        finish_reason="tool_calls"))
-    provider.push(200, completion(content="Both orders found.", response_id="chatcmpl-2"))
-    result = run_in_process(AgentConfig(name="a"), make_model(provider, Sleeps()), registry,
-                            user_input="Check 4821 and 4822")
+def test_full_run_against_the_provider(
+    provider: FakeProvider, registry: ToolRegistry, shop: Shop
+) -> None:
+    provider.push(
+        200,
+        completion(
+            tool_calls=[
+                ("call_1", "lookup_order", '{"order_id": "4821"}'),
+                ("call_2", "lookup_order", '{"order_id": "4822"}'),
+            ],
+            finish_reason="tool_calls",
+        ),
+    )
+    provider.push(
+        200, completion(content="Both orders found.", response_id="chatcmpl-2")
+    )
+    result = run_in_process(
+        AgentConfig(name="a"),
+        make_model(provider, Sleeps()),
+        registry,
+        user_input="Check 4821 and 4822",
+    )
     assert result.status is RunStatus.UNVERIFIED
     assert [args["order_id"] for _, args, _ in shop.invocations] == ["4821", "4822"]
-    assert [m["tool_call_id"] for m in provider.requests[1]["body"]["messages"]
-            if m["role"] == "tool"] == ["call_1", "call_2"]
+    assert [
+        m["tool_call_id"]
+        for m in provider.requests[1]["body"]["messages"]
+        if m["role"] == "tool"
+    ] == ["call_1", "call_2"]
     assert result.state.usage.input_tokens == 24
     assert [s.reply.response_id for s in result.steps] == ["chatcmpl-1", "chatcmpl-2"]

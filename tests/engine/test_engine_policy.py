@@ -29,8 +29,12 @@ def test_default_policy_requires_approval_for_writes() -> None:
 
 def test_default_policy_requires_approval_for_untrusted_read_only_claims() -> None:
     contract = ToolContract.from_dict(
-        {"name": "mcp_read", "description": "reads", "effect": "read_only",
-         "input_schema": {"type": "object"}}
+        {
+            "name": "mcp_read",
+            "description": "reads",
+            "effect": "read_only",
+            "input_schema": {"type": "object"},
+        }
     )
     decision = default_policy(contract, {}, CONTEXT)
     assert decision.action is PolicyAction.REQUIRE_APPROVAL
@@ -44,7 +48,9 @@ def test_default_policy_denies_writes_when_nobody_can_approve() -> None:
 
 
 def test_a_hook_that_raises_denies() -> None:
-    def broken(contract: ToolContract, args: Mapping[str, Any], ctx: PolicyContext) -> PolicyDecision:
+    def broken(
+        contract: ToolContract, args: Mapping[str, Any], ctx: PolicyContext
+    ) -> PolicyDecision:
         raise RuntimeError("db down")
 
     decision = decide_policy(broken, read_only_contract(), {}, CONTEXT)
@@ -54,7 +60,9 @@ def test_a_hook_that_raises_denies() -> None:
 
 
 def test_a_hook_that_returns_garbage_denies() -> None:
-    def sloppy(contract: ToolContract, args: Mapping[str, Any], ctx: PolicyContext) -> Any:
+    def sloppy(
+        contract: ToolContract, args: Mapping[str, Any], ctx: PolicyContext
+    ) -> Any:
         return "allow"
 
     decision = decide_policy(sloppy, read_only_contract(), {}, CONTEXT)
@@ -63,5 +71,7 @@ def test_a_hook_that_returns_garbage_denies() -> None:
 
 
 def test_policy_decision_round_trips() -> None:
-    decision = PolicyDecision(PolicyAction.REQUIRE_APPROVAL, "refund.over_100", "big", 3600)
+    decision = PolicyDecision(
+        PolicyAction.REQUIRE_APPROVAL, "refund.over_100", "big", 3600
+    )
     assert PolicyDecision.from_dict(decision.to_dict()) == decision

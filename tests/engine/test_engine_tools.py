@@ -26,8 +26,12 @@ def make_tool(handler: Any, contract: ToolContract | None = None, **kw: Any) -> 
 
 def test_idempotency_key_is_derived_from_run_and_call() -> None:
     assert CTX.idempotency_key == idempotency_key_for("run-1", "call-1")
-    assert idempotency_key_for("run-1", "call-1") == idempotency_key_for("run-1", "call-1")
-    assert idempotency_key_for("run-1", "call-1") != idempotency_key_for("run-2", "call-1")
+    assert idempotency_key_for("run-1", "call-1") == idempotency_key_for(
+        "run-1", "call-1"
+    )
+    assert idempotency_key_for("run-1", "call-1") != idempotency_key_for(
+        "run-2", "call-1"
+    )
     assert len(CTX.idempotency_key) == 32
 
 
@@ -67,7 +71,9 @@ def test_hung_handler_times_out_with_etimedout() -> None:
         release.wait(5)
         return {}
 
-    result = execute_tool(make_tool(hang, write_contract()), {}, CTX, timeout_seconds=0.05)
+    result = execute_tool(
+        make_tool(hang, write_contract()), {}, CTX, timeout_seconds=0.05
+    )
     release.set()
     assert result.error is not None
     assert result.error.code is ErrorCode.ETIMEDOUT
@@ -90,7 +96,9 @@ def test_failed_precondition_is_eperm_and_the_handler_never_runs() -> None:
     result = execute_tool(tool, {"order_id": "4821"}, CTX)
     assert result.error is not None
     assert result.error.code is ErrorCode.EPERM
-    assert result.error.message == "precondition failed: amount exceeds refundable 20.00"
+    assert (
+        result.error.message == "precondition failed: amount exceeds refundable 20.00"
+    )
     assert ran == []
 
 
@@ -119,12 +127,19 @@ def test_crash_recovery_reruns_reads_and_keyed_writes_only() -> None:
     assert may_rerun_after_crash(read_only_contract()) is True
     assert may_rerun_after_crash(write_contract()) is True  # honours the key
     unkeyed = ToolContract(
-        name="send_email", description="d", input_schema=ORDER_SCHEMA,
-        effect=Effect.WRITE, idempotency=Idempotency.NONE, source=ToolSource.BUILTIN,
+        name="send_email",
+        description="d",
+        input_schema=ORDER_SCHEMA,
+        effect=Effect.WRITE,
+        idempotency=Idempotency.NONE,
+        source=ToolSource.BUILTIN,
     )
     assert may_rerun_after_crash(unkeyed) is False
     untrusted = ToolContract(
-        name="mcp_tool", description="d", input_schema=ORDER_SCHEMA,
-        effect=Effect.WRITE, idempotency=Idempotency.REQUIRED_KEY,
+        name="mcp_tool",
+        description="d",
+        input_schema=ORDER_SCHEMA,
+        effect=Effect.WRITE,
+        idempotency=Idempotency.REQUIRED_KEY,
     )
     assert may_rerun_after_crash(untrusted) is False

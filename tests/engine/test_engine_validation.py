@@ -38,7 +38,9 @@ def test_valid_arguments_have_no_errors() -> None:
 
 
 def test_missing_required_property_is_path_addressed() -> None:
-    assert validate_arguments(SCHEMA, {}) == ["$.order_id: required property is missing"]
+    assert validate_arguments(SCHEMA, {}) == [
+        "$.order_id: required property is missing"
+    ]
 
 
 def test_pattern_mismatch_names_the_field_and_pattern() -> None:
@@ -60,7 +62,10 @@ def test_extra_property_is_rejected_in_nested_objects_and_arrays() -> None:
             "items": [{"sku": "K1"}, {"sku": "K2", "gift": True}],
         },
     )
-    assert errors == ["$.address.note: unexpected property", "$.items[1].gift: unexpected property"]
+    assert errors == [
+        "$.address.note: unexpected property",
+        "$.items[1].gift: unexpected property",
+    ]
 
 
 def test_schema_missing_additional_properties_is_closed_at_every_level() -> None:
@@ -114,11 +119,15 @@ def test_local_ref_is_resolved() -> None:
         }
     )
     assert validate_arguments(schema, {"a": "12"}) == []
-    assert validate_arguments(schema, {"a": "x"}) == ["$.a: 'x' does not match '^[0-9]+$'"]
+    assert validate_arguments(schema, {"a": "x"}) == [
+        "$.a: 'x' does not match '^[0-9]+$'"
+    ]
 
 
 def test_oversize_schema_is_refused() -> None:
-    props = {f"field_{i}": {"type": "string", "description": "x" * 100} for i in range(800)}
+    props = {
+        f"field_{i}": {"type": "string", "description": "x" * 100} for i in range(800)
+    }
     with pytest.raises(SchemaError, match="larger than"):
         prepare_schema({"type": "object", "properties": props})
 
