@@ -7,6 +7,7 @@ result) but marked with `parse_error` so it is never executed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,6 +71,17 @@ class ToolCall:
                 parse_error="arguments must be a JSON object",
             )
         return cls(call_id, name, decoded, raw_arguments)
+
+    @property
+    def arguments_sha256(self) -> str:
+        """Hash of the canonical arguments: an approval is for exactly these."""
+        canonical = json.dumps(
+            dict(self.arguments),
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     def truncated(self) -> ToolCall:
         """This call marked unexecutable because the reply hit its length limit."""

@@ -125,14 +125,6 @@ def record_reply(transcript: Transcript, reply: ModelReply) -> Action:
     return action
 
 
-def open_tool_calls(
-    transcript: Transcript, action_calls: Sequence[ToolCall]
-) -> list[ToolCall]:
-    """The calls of the last turn that still need a result, in order."""
-    open_ids = set(transcript.open_calls())
-    return [call for call in action_calls if call.call_id in open_ids]
-
-
 def pending_tool_calls(transcript: Transcript) -> list[ToolCall]:
     """The open calls rebuilt from the transcript alone (for a resumed step)."""
     open_ids = set(transcript.open_calls())

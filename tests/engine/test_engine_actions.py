@@ -95,3 +95,13 @@ def test_model_reply_round_trips() -> None:
         attempts=2,
     )
     assert ModelReply.from_dict(reply.to_dict()) == reply
+
+
+def test_arguments_hash_ignores_key_order_and_whitespace() -> None:
+    a = ToolCall.parse("c1", "t", '{"a": 1, "b": "x"}')
+    b = ToolCall.parse("c2", "t", '{"b":"x","a":1}')
+    assert a.arguments_sha256 == b.arguments_sha256
+    assert (
+        a.arguments_sha256
+        != ToolCall.parse("c3", "t", '{"a": 2, "b": "x"}').arguments_sha256
+    )

@@ -81,3 +81,19 @@ def test_recorded_run_replays_to_the_same_actions(
 def test_a_resumed_run_continues_the_script_where_it_stopped() -> None:
     model = ScriptedModel.with_position(SCRIPT, 1)
     assert model.complete([], [], 10).text == SCRIPT[1]["text"]
+
+
+def test_build_model_adapter_knows_scripted_and_openai() -> None:
+    from runs.engine.adapters import build_model_adapter
+    from runs.engine.adapters.openai_compatible import OpenAIModel
+
+    scripted = build_model_adapter(
+        "scripted", model="demo", script=SCRIPT, script_position=1
+    )
+    assert scripted.complete([], [], 10).text == SCRIPT[1]["text"]
+    remote = build_model_adapter(
+        "openai", model="m", api_key="k", base_url="http://127.0.0.1:1/v1"
+    )
+    assert isinstance(remote, OpenAIModel)
+    with pytest.raises(ValueError, match="unknown model adapter 'claude'"):
+        build_model_adapter("claude", model="m")

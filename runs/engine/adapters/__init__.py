@@ -54,4 +54,36 @@ class ModelAdapter(Protocol):
     ) -> ModelReply: ...
 
 
-__all__ = ["ModelAdapter", "ModelError"]
+ADAPTER_KINDS = ("scripted", "openai")
+
+
+def build_model_adapter(
+    kind: str,
+    *,
+    model: str,
+    script: Sequence[Mapping[str, Any]] = (),
+    script_position: int = 0,
+    api_key: str = "",
+    base_url: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> ModelAdapter:
+    """The adapter an agent is configured with (`scripted` or `openai`).
+
+    `script_position` is how many replies a resumed run has already consumed.
+    """
+    if kind == "scripted":
+        from runs.engine.adapters.scripted import ScriptedModel
+
+        return ScriptedModel.with_position(script, script_position, model=model)
+    if kind == "openai":
+        from runs.engine.adapters.openai_compatible import OpenAIModel
+
+        return OpenAIModel(
+            model=model, api_key=api_key, base_url=base_url, **dict(options or {})
+        )
+    raise ValueError(
+        f"unknown model adapter {kind!r}; known: {', '.join(ADAPTER_KINDS)}"
+    )
+
+
+__all__ = ["ADAPTER_KINDS", "ModelAdapter", "ModelError", "build_model_adapter"]
