@@ -160,16 +160,25 @@ class ToolContract:
 
 def _is_strict_compatible(schema: Any) -> bool:
     """OpenAI strict mode: every object closed and every property required."""
-    if isinstance(schema, list):
-        return all(_is_strict_compatible(s) for s in schema)
     if not isinstance(schema, Mapping):
         return True
     props = schema.get("properties")
-    if isinstance(props, Mapping) and set(props) != set(schema.get("required", [])):
-        return False
-    return all(
-        _is_strict_compatible(value)
-        for key, value in schema.items()
-        if key not in ("enum", "const", "default", "examples", "required")
-        and isinstance(value, Mapping | list)
-    )
+    if isinstance(props, Mapping):
+        if set(props) != set(schema.get("required", [])):
+            return False
+        if not all(_is_strict_compatible(p) for p in props.values()):
+            return False
+    for key in ("$defs", "patternProperties"):
+        sub = schema.get(key)
+        if isinstance(sub, Mapping) and not all(
+            _is_strict_compatible(s) for s in sub.values()
+        ):
+            return False
+    for key in ("items", "not", "if", "then", "else", "contains"):
+        if key in schema and not _is_strict_compatible(schema[key]):
+            return False
+    for key in ("anyOf", "allOf", "oneOf", "prefixItems"):
+        sub = schema.get(key)
+        if isinstance(sub, list) and not all(_is_strict_compatible(s) for s in sub):
+            return False
+    return True

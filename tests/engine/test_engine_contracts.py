@@ -101,3 +101,19 @@ def test_tool_name_must_be_a_valid_function_name(name: str) -> None:
 def test_contract_requires_a_description() -> None:
     with pytest.raises(ContractError, match="description"):
         ToolContract(name="t", description="  ", input_schema=SCHEMA)
+
+
+def test_model_view_is_not_strict_when_a_nested_property_is_optional() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "string"},
+            "items": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"sku": {"type": "string"}}},
+            },
+        },
+        "required": ["properties", "items"],
+    }
+    view = ToolContract(name="t", description="d", input_schema=schema).model_view()
+    assert "strict" not in view["function"]
