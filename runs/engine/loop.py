@@ -34,6 +34,7 @@ from runs.engine.step import (
     GateVerdict,
     ModelCallPlan,
     approval_denied_result,
+    billable_usage,
     call_model,
     check_progress,
     close_open_calls,
@@ -150,169 +151,188 @@ def run_in_process(
     clock: Callable[[], float] = time.monotonic,
 ) -> LoopResult:
     """Run an agent to a stop condition in memory; never raises for run failures."""
-    limits = limits or BudgetLimits()
-    state = EngineState.start(config, user_input)
-    steps: list[StepRecord] = []
-    artifacts: list[Artifact] = []
-    started = clock()
-    tools = registry.model_tools()
-    policy_context = PolicyContext(
+    run = _InProcessRun(
+        config=config,
+        model=model,
+        registry=registry,
+        user_input=user_input,
+        limits=limits or BudgetLimits(),
+        policy=policy,
+        evaluator=evaluator,
+        approver=approver,
         run_id=run_id,
         tenant_id=tenant_id,
-        agent_name=config.name,
-        approver_available=approver is not None,
+        world_version=world_version,
+        cancelled=cancelled,
+        sandbox=sandbox,
+        clock=clock,
     )
+    return run.run()
+
+
+@dataclass
+class _InProcessRun:
+    config: AgentConfig
+    model: ModelAdapter
+    registry: ToolRegistry
+    user_input: str
+    limits: BudgetLimits
+    policy: PolicyHook
+    evaluator: Evaluator | None
+    approver: Approver | None
+    run_id: str
+    tenant_id: str
+    world_version: Callable[[], Any] | None
+    cancelled: Callable[[], bool] | None
+    sandbox: Callable[..., Any] | None
+    clock: Callable[[], float]
+    steps: list[StepRecord] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
     model_error: ModelError | None = None
 
-    def stop(reason: StopReason) -> LoopResult:
-        state.stop_reason = reason
-        evaluation = None
-        if reason is StopReason.DONE and evaluator is not None:
-            subject = EvaluationSubject(
-                run_id, user_input, state.final_text or "", state.transcript.to_list()
-            )
-            evaluation = run_evaluator(evaluator, subject)
-        return LoopResult(
-            terminal_status(reason, evaluation),
-            reason,
-            state.final_text,
-            state,
-            steps,
-            artifacts,
-            evaluation,
-            model_error,
+    def __post_init__(self) -> None:
+        self.state = EngineState.start(self.config, self.user_input)
+        self.started = self.clock()
+        self.tools = self.registry.model_tools()
+        self.policy_context = PolicyContext(
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            agent_name=self.config.name,
+            approver_available=self.approver is not None,
         )
 
-    try:
+    def run(self) -> LoopResult:
+        try:
+            reason = self._loop()
+        except Exception:  # noqa: BLE001 - a host bug ends the run, not the process
+            reason = StopReason.INTERNAL_ERROR
+        return self._stop(reason)
+
+    def _tick(self) -> None:
+        self.state.usage = self.state.usage.with_wall_seconds(
+            self.clock() - self.started
+        )
+
+    def _is_cancelled(self) -> bool:
+        return self.cancelled is not None and self.cancelled()
+
+    def _loop(self) -> StopReason:
+        state = self.state
         while True:
-            state.usage = state.usage.with_wall_seconds(clock() - started)
-            if cancelled is not None and cancelled():
-                return stop(StopReason.CANCELLED)
+            self._tick()
+            if self._is_cancelled():
+                return StopReason.CANCELLED
             messages = state.transcript.messages
             plan = plan_model_call(
                 state.usage,
-                limits,
+                self.limits,
                 messages,
-                tools,
-                reserve_output_tokens=config.reserve_output_tokens,
-                price=config.price,
+                self.tools,
+                reserve_output_tokens=self.config.reserve_output_tokens,
+                price=self.config.price,
             )
             if not isinstance(plan, ModelCallPlan):
-                return stop(plan)
-            reply = call_model(model, messages, tools, plan)
+                return plan
+            reply = call_model(self.model, messages, self.tools, plan)
             if isinstance(reply, ModelError):
-                model_error = reply
-                return stop(StopReason.MODEL_ERROR)
+                self.model_error = reply
+                return StopReason.MODEL_ERROR
+            billed = billable_usage(reply, plan)
             state.usage = charge_model_call(
                 state.usage,
-                reply.usage.input_tokens,
-                reply.usage.output_tokens,
-                config.price,
+                billed.input_tokens,
+                billed.output_tokens,
+                self.config.price,
             )
             action = record_reply(state.transcript, reply)
-            record = StepRecord(index=len(steps), reply=reply)
-            steps.append(record)
+            record = StepRecord(index=len(self.steps), reply=reply)
+            self.steps.append(record)
             if isinstance(action, FinalAnswer):
                 state.final_text = action.text
-                return stop(StopReason.DONE)
+                return StopReason.DONE
             if not isinstance(action, InvalidReply):
                 record.calls = list(action.calls)
-                reason = _run_calls(
-                    state,
-                    record,
-                    artifacts,
-                    config,
-                    registry,
-                    limits,
-                    policy,
-                    policy_context,
-                    approver,
-                    run_id,
-                    tenant_id,
-                    sandbox,
-                    lambda: clock() - started,
-                )
+                reason = self._run_calls(record)
                 if reason is not None:
                     close_open_calls(state.transcript, f"the run stopped ({reason})")
-                    return stop(reason)
-            world = None if world_version is None else world_version()
+                    return reason
+            world = None if self.world_version is None else self.world_version()
             if check_progress(state.progress, action, record.results, world):
-                return stop(StopReason.NO_PROGRESS)
-    except Exception:  # noqa: BLE001 - a host bug ends the run, never the process
-        return stop(StopReason.INTERNAL_ERROR)
+                return StopReason.NO_PROGRESS
 
-
-def _run_calls(
-    state: EngineState,
-    record: StepRecord,
-    artifacts: list[Artifact],
-    config: AgentConfig,
-    registry: ToolRegistry,
-    limits: BudgetLimits,
-    policy: PolicyHook,
-    policy_context: PolicyContext,
-    approver: Approver | None,
-    run_id: str,
-    tenant_id: str,
-    sandbox: Callable[..., Any] | None,
-    elapsed: Callable[[], float],
-) -> StopReason | None:
-    """Each call in order; returns a stop reason when one ends the run."""
-    for call in record.calls:
-        gate = gate_tool_call(call, registry, policy, policy_context)
-        result: ToolResult
-        stop_reason: StopReason | None = None
-        if gate.verdict is GateVerdict.NEEDS_APPROVAL:
-            assert gate.tool is not None and gate.decision is not None
-            if approver is None:
-                gate_result = approval_denied_result(call.name, "nobody can approve it")
-                _record(state, record, artifacts, config, call, gate_result)
-                return StopReason.POLICY_DENIED
-            resolution = approver(call, gate.tool, gate.decision)
-            if not resolution.approved:
-                result = approval_denied_result(call.name, resolution.reason)
-                _record(state, record, artifacts, config, call, result)
+    def _run_calls(self, record: StepRecord) -> StopReason | None:
+        """Each call in order; returns a stop reason when one ends the run."""
+        for call in record.calls:
+            if self._is_cancelled():
+                return StopReason.CANCELLED
+            gate = gate_tool_call(call, self.registry, self.policy, self.policy_context)
+            if gate.verdict is GateVerdict.NEEDS_APPROVAL:
+                assert gate.tool is not None and gate.decision is not None
+                if self.approver is None:
+                    refusal = approval_denied_result(call.name, "nobody can approve it")
+                    self._record(record, call, refusal)
+                    return StopReason.POLICY_DENIED
+                resolution = self.approver(call, gate.tool, gate.decision)
+                if not resolution.approved:
+                    refusal = approval_denied_result(call.name, resolution.reason)
+                    self._record(record, call, refusal)
+                    continue
+            elif gate.verdict is not GateVerdict.EXECUTE:
+                assert gate.result is not None
+                self._record(record, call, gate.result)
+                if gate.verdict is GateVerdict.DENY:
+                    return StopReason.POLICY_DENIED
                 continue
-        elif gate.verdict is not GateVerdict.EXECUTE:
-            assert gate.result is not None
-            _record(state, record, artifacts, config, call, gate.result)
-            if gate.verdict is GateVerdict.DENY:
-                return StopReason.POLICY_DENIED
-            continue
-        assert gate.tool is not None
-        state.usage = state.usage.with_wall_seconds(elapsed())
-        outcome = execute_call(
-            gate.tool,
+            assert gate.tool is not None
+            self._tick()
+            outcome = execute_call(
+                gate.tool,
+                call,
+                self.state.usage,
+                self.limits,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                sandbox=self.sandbox,
+                timeout_seconds=self.config.tool_timeout_seconds,
+            )
+            self.state.usage = outcome.usage
+            if outcome.executed:
+                record.executed.append(call.call_id)
+            self._record(record, call, outcome.result)
+            if outcome.stop_reason is not None:
+                return outcome.stop_reason
+        return None
+
+    def _record(self, record: StepRecord, call: ToolCall, result: ToolResult) -> None:
+        _, artifact = record_result(
+            self.state.transcript,
             call,
-            state.usage,
-            limits,
-            run_id=run_id,
-            tenant_id=tenant_id,
-            sandbox=sandbox,
-            timeout_seconds=config.tool_timeout_seconds,
+            result,
+            observation_chars=self.config.observation_chars,
         )
-        state.usage = outcome.usage
-        if outcome.executed:
-            record.executed.append(call.call_id)
-        result = outcome.result
-        stop_reason = outcome.stop_reason
-        _record(state, record, artifacts, config, call, result)
-        if stop_reason is not None:
-            return stop_reason
-    return None
+        record.results.append(result)
+        if artifact is not None:
+            self.artifacts.append(artifact)
 
-
-def _record(
-    state: EngineState,
-    record: StepRecord,
-    artifacts: list[Artifact],
-    config: AgentConfig,
-    call: ToolCall,
-    result: ToolResult,
-) -> None:
-    _, artifact = record_result(
-        state.transcript, call, result, observation_chars=config.observation_chars
-    )
-    record.results.append(result)
-    if artifact is not None:
-        artifacts.append(artifact)
+    def _stop(self, reason: StopReason) -> LoopResult:
+        state = self.state
+        state.stop_reason = reason
+        evaluation = None
+        if reason is StopReason.DONE and self.evaluator is not None:
+            subject = EvaluationSubject(
+                self.run_id,
+                self.user_input,
+                state.final_text or "",
+                state.transcript.to_list(),
+            )
+            evaluation = run_evaluator(self.evaluator, subject)
+        return LoopResult(
+            status=terminal_status(reason, evaluation),
+            stop_reason=reason,
+            final_text=state.final_text,
+            state=state,
+            steps=self.steps,
+            artifacts=self.artifacts,
+            evaluation=evaluation,
+            model_error=self.model_error,
+        )

@@ -22,6 +22,7 @@ from runs.engine.actions import (
     InvalidReply,
     ModelReply,
     ToolCall,
+    Usage,
     decode_reply,
 )
 from runs.engine.adapters import ModelAdapter, ModelError
@@ -107,6 +108,16 @@ def call_model(
         return exc
     except Exception as exc:  # noqa: BLE001 - a broken adapter is a model_error
         return ModelError("adapter_error", type(exc).__name__)
+
+
+def billable_usage(reply: ModelReply, plan: ModelCallPlan) -> Usage:
+    """The reply's reported usage; the plan's estimate when the provider reported none.
+
+    A provider (or script) that omits usage must not get around the token budget.
+    """
+    if reply.usage.input_tokens or reply.usage.output_tokens:
+        return reply.usage
+    return Usage(plan.estimated_input_tokens, plan.max_output_tokens)
 
 
 def record_reply(transcript: Transcript, reply: ModelReply) -> Action:

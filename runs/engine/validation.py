@@ -95,7 +95,12 @@ def _walk(schema: Any, depth: int, counter: list[int]) -> None:
         ref = schema.get(key)
         if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
             raise SchemaError(f"{key} {ref!r} is not local: only '#/...' is allowed")
-    is_object = schema.get("type") == "object" or "properties" in schema
+    declared = schema.get("type")
+    is_object = (
+        declared == "object"
+        or (isinstance(declared, list) and "object" in declared)
+        or "properties" in schema
+    )
     if is_object:
         extra = schema.get("additionalProperties", None)
         if extra is None:

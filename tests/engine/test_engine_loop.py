@@ -488,3 +488,29 @@ def test_large_tool_output_is_bounded_and_kept_as_an_artifact(
     assert len(result.messages[3]["content"]) <= 1000
     assert len(result.artifacts) == 1
     assert result.artifacts[0].size_bytes > 50_000
+
+
+def test_a_reply_without_usage_is_charged_the_estimate(registry: ToolRegistry) -> None:
+    model = ScriptedModel([{"text": "done"}])
+    result = run_in_process(CONFIG, model, registry, user_input="x")
+    assert result.state.usage.output_tokens == CONFIG.reserve_output_tokens
+    assert result.state.usage.input_tokens > 0
+
+
+def test_cancellation_between_calls_stops_the_rest_of_the_batch(
+    registry: ToolRegistry, shop: Shop
+) -> None:
+    script = [
+        {
+            "tool_calls": [
+                call("lookup_order", {"order_id": "0001"}, "a"),
+                call("lookup_order", {"order_id": "0002"}, "b"),
+            ]
+        }
+    ]
+    result = run(registry, script, cancelled=lambda: len(shop.invocations) >= 1)
+    assert result.status is RunStatus.CANCELLED
+    assert shop.names() == ["lookup_order"]
+    codes = [(r["id"], r["ok"]) for r in tool_results(result)]
+    assert codes == [("a", True), ("b", False)]
+    assert tool_results(result)[1]["error"]["code"] == "ECANCELED"

@@ -369,3 +369,14 @@ def test_full_run_against_the_provider(
     ] == ["call_1", "call_2"]
     assert result.state.usage.input_tokens == 24
     assert [s.reply.response_id for s in result.steps] == ["chatcmpl-1", "chatcmpl-2"]
+
+
+def test_tool_calls_finish_with_no_calls_is_asked_again_once(
+    provider: FakeProvider,
+) -> None:
+    provider.push(200, completion(finish_reason="tool_calls"))
+    provider.push(200, completion(finish_reason="tool_calls", response_id="chatcmpl-2"))
+    reply = make_model(provider, Sleeps()).complete(MESSAGES, [], 64)
+    assert len(provider.requests) == 2
+    assert reply.response_id == "chatcmpl-2"
+    assert reply.attempts == 2

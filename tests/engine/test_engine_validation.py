@@ -161,3 +161,21 @@ def test_prepare_schema_does_not_mutate_the_input() -> None:
     original = {"type": "object", "properties": {"a": {"type": "string"}}}
     prepare_schema(original)
     assert "additionalProperties" not in original
+
+
+def test_nullable_object_is_closed_too() -> None:
+    schema = prepare_schema(
+        {
+            "type": "object",
+            "properties": {
+                "address": {
+                    "type": ["object", "null"],
+                    "properties": {"zip": {"type": "string"}},
+                }
+            },
+        }
+    )
+    assert validate_arguments(schema, {"address": None}) == []
+    assert validate_arguments(schema, {"address": {"zip": "1", "x": 2}}) == [
+        "$.address.x: unexpected property"
+    ]

@@ -159,12 +159,20 @@ class OpenAIModel:
     ) -> ModelReply:
         request = self._request(messages, tools, max_output_tokens)
         attempt = 0
+        anomaly_retried = False
         while True:
             try:
                 raw = self._client.chat.completions.with_raw_response.create(**request)
                 completion = raw.parse()
                 request_id = raw.headers.get("x-request-id")
-                return self._reply(completion, request_id, attempt + 1)
+                reply = self._reply(completion, request_id, attempt + 1)
+                if _is_empty_tool_turn(reply) and not anomaly_retried:
+                    # finish_reason=tool_calls with no calls: a provider anomaly,
+                    # asked again once (spec §2.3).
+                    anomaly_retried = True
+                    attempt += 1
+                    continue
+                return reply
             except openai.OpenAIError as exc:
                 kind, transient = classify_error(exc)
                 status = getattr(exc, "status_code", None)
@@ -226,6 +234,14 @@ class OpenAIModel:
             raw=completion.model_dump(mode="json"),
             attempts=attempts,
         )
+
+
+def _is_empty_tool_turn(reply: ModelReply) -> bool:
+    return (
+        reply.finish_reason == "tool_calls"
+        and not reply.tool_calls
+        and not (reply.text or "").strip()
+    )
 
 
 def _safe_message(exc: Exception) -> str:
