@@ -81,6 +81,32 @@ def _refuse_retrieval(uri: str) -> Any:
 _LOCAL_ONLY_REGISTRY: Registry[Any] = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
 
 
+def _resolve_pointer(root: Any, ref: str) -> bool:
+    """Whether a `#/a/b` reference points at something inside `root`."""
+    node = root
+    for raw in ref[2:].split("/") if ref != "#/" else [""]:
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return False
+    return True
+
+
+def _collect_refs(schema: Any, refs: list[str]) -> None:
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "$ref" and isinstance(value, str):
+                refs.append(value)
+            else:
+                _collect_refs(value, refs)
+    elif isinstance(schema, list):
+        for value in schema:
+            _collect_refs(value, refs)
+
+
 def _walk(schema: Any, depth: int, counter: list[int]) -> None:
     if depth > MAX_SCHEMA_DEPTH:
         raise SchemaError(f"schema nested deeper than {MAX_SCHEMA_DEPTH} levels")
@@ -146,6 +172,13 @@ def prepare_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     if prepared.get("type") != "object":
         raise SchemaError("the root of input_schema must have type: object")
     _walk(prepared, 0, [0])
+    refs: list[str] = []
+    _collect_refs(prepared, refs)
+    for ref in refs:
+        if ref == "#" or not ref.startswith("#/") or "$id" in encoded:
+            continue  # the root, an anchor, or relative to an embedded $id
+        if not _resolve_pointer(prepared, ref):
+            raise SchemaError(f"$ref {ref!r} points at nothing in the schema")
     try:
         StrictValidator.check_schema(prepared)
     except jsonschema.SchemaError as exc:

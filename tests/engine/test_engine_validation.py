@@ -179,3 +179,10 @@ def test_nullable_object_is_closed_too() -> None:
     assert validate_arguments(schema, {"address": {"zip": "1", "x": 2}}) == [
         "$.address.x: unexpected property"
     ]
+
+
+def test_dangling_local_ref_is_refused_when_the_schema_is_prepared() -> None:
+    with pytest.raises(SchemaError, match="points at nothing"):
+        prepare_schema(
+            {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+        )
