@@ -25,15 +25,21 @@ def _parser() -> argparse.ArgumentParser:
         description="Run one command in the sandbox and print the result as JSON.",
     )
     d = Limits()
-    p.add_argument("--timeout", type=float, default=d.wall_seconds, help="wall clock, s")
+    p.add_argument(
+        "--timeout", type=float, default=d.wall_seconds, help="wall clock, s"
+    )
     p.add_argument("--cpu", type=float, default=d.cpu_seconds, help="CPU time, s")
     p.add_argument("--memory", type=int, default=d.memory_mb, help="memory, MB")
     p.add_argument("--pids", type=int, default=d.pids, help="tasks (processes+threads)")
     p.add_argument("--fsize", type=int, default=d.fsize_mb, help="largest file, MB")
     p.add_argument("--nofile", type=int, default=d.nofile, help="open files")
-    p.add_argument("--max-output", type=int, default=d.output_bytes, help="bytes/stream")
+    p.add_argument(
+        "--max-output", type=int, default=d.output_bytes, help="bytes/stream"
+    )
     p.add_argument("--tmpfs", type=int, default=d.tmpfs_mb, help="/tmp size, MB")
-    p.add_argument("--workspace", type=Path, help="workspace dir (default: a fresh one)")
+    p.add_argument(
+        "--workspace", type=Path, help="workspace dir (default: a fresh one)"
+    )
     p.add_argument("--network", default="none", help="none | HOST:PORT[,HOST:PORT...]")
     p.add_argument("--path", action="append", default=[], help="path the command uses")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
@@ -75,10 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     owned = args.workspace is None
-    workspace = workspace_create(settings=settings, label="cli") if owned else args.workspace
+    workspace = (
+        workspace_create(settings=settings, label="cli") if owned else args.workspace
+    )
     try:
         spec = SandboxSpec(
-            argv=command, workspace=workspace, limits=limits, network=network, paths=args.path
+            argv=command,
+            workspace=workspace,
+            limits=limits,
+            network=network,
+            paths=args.path,
         )
         result = run_in_sandbox(spec, settings)
     except SandboxSpecError as exc:

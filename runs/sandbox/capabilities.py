@@ -19,7 +19,11 @@ class SandboxUnavailable(RuntimeError):
 
     def __init__(self, missing: list[str], detail: str = "") -> None:
         self.missing = missing
-        hint = " (install bubblewrap: apt-get install bubblewrap)" if "bwrap" in missing else ""
+        hint = (
+            " (install bubblewrap: apt-get install bubblewrap)"
+            if "bwrap" in missing
+            else ""
+        )
         super().__init__(
             f"sandbox refuses to run: required layers unavailable: {', '.join(missing)}"
             f"{hint}{'; ' + detail if detail else ''}"
@@ -40,7 +44,7 @@ class HostCapabilities:
     cgroup_writable: dict[str, bool] = field(default_factory=dict)
 
     def planned_layers(self) -> dict[str, bool]:
-        """Layers a run on this host will get; `required_layers` is checked against it."""
+        """Layers a run on this host gets; `required_layers` is checked against it."""
         ns = self.bwrap_works
         writable = self.cgroup_writable
         v2 = writable.get("v2", False)

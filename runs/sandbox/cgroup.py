@@ -13,6 +13,7 @@ forks can be born outside the cgroup.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -42,10 +43,14 @@ class CgroupLayout:
         if (root / "cgroup.controllers").exists():
             controllers = frozenset((root / "cgroup.controllers").read_text().split())
             return cls(mode="v2-unified", v2_root=root, v2_controllers=controllers)
-        v1 = {c: root / c for c in V1_CONTROLLERS if (root / c / "cgroup.procs").exists()}
+        v1 = {
+            c: root / c for c in V1_CONTROLLERS if (root / c / "cgroup.procs").exists()
+        }
         unified = root / "unified"
         if (unified / "cgroup.procs").exists():
-            controllers = frozenset((unified / "cgroup.controllers").read_text().split())
+            controllers = frozenset(
+                (unified / "cgroup.controllers").read_text().split()
+            )
             return cls(
                 mode="hybrid", v2_root=unified, v2_controllers=controllers, v1_roots=v1
             )
@@ -107,7 +112,10 @@ class RunCgroup:
                 dirs["v2"].mkdir()
                 applied["cgroup_kill"] = (dirs["v2"] / "cgroup.kill").exists()
             for controller in V1_CONTROLLERS:
-                if controller in layout.v2_controllers or controller not in layout.v1_roots:
+                if (
+                    controller in layout.v2_controllers
+                    or controller not in layout.v1_roots
+                ):
                     continue
                 base = layout.v1_roots[controller] / group
                 base.mkdir(exist_ok=True)
@@ -135,7 +143,9 @@ class RunCgroup:
             if self._is_v2("memory"):
                 _write(mem / "memory.max", str(memory_bytes))
                 _write_optional(mem / "memory.swap.max", "0")
-                self.applied["oom_group"] = _write_optional(mem / "memory.oom.group", "1")
+                self.applied["oom_group"] = _write_optional(
+                    mem / "memory.oom.group", "1"
+                )
             else:
                 _write(mem / "memory.limit_in_bytes", str(memory_bytes))
                 # memsw bounds memory+swap so a hog cannot spill into swap.
@@ -158,7 +168,9 @@ class RunCgroup:
     @property
     def procs_files(self) -> list[str]:
         """Every cgroup.procs the launcher must join, v1 first, v2 last."""
-        order = sorted(k for k in self.dirs if k != "v2") + (["v2"] if "v2" in self.dirs else [])
+        order = sorted(k for k in self.dirs if k != "v2") + (
+            ["v2"] if "v2" in self.dirs else []
+        )
         return [str(self.dirs[k] / "cgroup.procs") for k in order]
 
     def pids_limit_hit(self) -> bool:
@@ -205,7 +217,7 @@ class RunCgroup:
         return any(_procs(d) for d in self.dirs.values())
 
     def kill(self) -> str:
-        """Kill every process in the run, including setsid escapees; returns the method."""
+        """Kill every process of the run, setsid escapees included; return the method."""
         if "v2" in self.dirs and _write_optional(self.dirs["v2"] / "cgroup.kill", "1"):
             return "cgroup.kill"
         # No cgroup.kill: SIGKILL everything listed, repeatedly, until nothing is left;
@@ -215,10 +227,8 @@ class RunCgroup:
             if not pids:
                 break
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.01)
         return "procs-sigkill"
 
@@ -261,10 +271,8 @@ def remove_cgroup_dir(path: Path, timeout: float = 2.0) -> bool:
         _write_optional(kill_file, "1")
     else:
         for pid in _procs(path):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -276,10 +284,8 @@ def remove_cgroup_dir(path: Path, timeout: float = 2.0) -> bool:
             if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
                 return False
             for pid in _procs(path):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.01)
 
 

@@ -57,7 +57,11 @@ def sandbox_janitor_sweep(settings: SandboxSettings | None = None) -> JanitorRep
         for record in records.glob("*.json"):
             try:
                 data = json.loads(record.read_text())
-                pid, start, path = int(data["pid"]), int(data["start"]), Path(data["path"])
+                pid, start, path = (
+                    int(data["pid"]),
+                    int(data["start"]),
+                    Path(data["path"]),
+                )
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             if owner_alive(pid, start):

@@ -99,7 +99,13 @@ def setpriv_argv(setpriv: str, uid: int, gid: int) -> list[str]:
 
 def launcher_argv(procs_files: Sequence[str], rest: Sequence[str]) -> list[str]:
     """`sh -c JOIN n procs... rest...`: join the cgroups, then exec the rest."""
-    return ["/bin/sh", "-c", _JOIN_SCRIPT, "sandbox-launcher", str(len(procs_files))] + [
+    return [
+        "/bin/sh",
+        "-c",
+        _JOIN_SCRIPT,
+        "sandbox-launcher",
+        str(len(procs_files)),
+    ] + [
         *procs_files,
         *rest,
     ]

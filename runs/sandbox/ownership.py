@@ -20,7 +20,7 @@ def process_start_time(pid: int) -> int | None:
             stat = f.read()
     except OSError:
         return None
-    # comm (field 2) may contain spaces and parentheses; fields resume after the last ')'.
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
     fields = stat[stat.rindex(b")") + 2 :].split()
     return int(fields[19])
 

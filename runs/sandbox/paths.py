@@ -1,8 +1,9 @@
 """Open or check a tool-supplied path beneath the workspace only (FS-6..FS-10).
 
-The kernel's resolver is the boundary: `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`
-on a directory fd of the workspace, so check and use are the same fd and a symlink
-swapped in during the call cannot redirect it. `..`, absolute paths and NUL are refused
+The kernel's resolver is the boundary:
+`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` on a directory fd of the workspace,
+so check and use are the same fd and a symlink swapped in during the call cannot
+redirect it. `..`, absolute paths and NUL are refused
 by name first, which gives a clear detail; an escaping symlink (EXDEV) or a magic link
 such as /proc/self/fd/N (ELOOP) is refused by the kernel. A refusal is `EPATH`: the
 tool call ends, it is not "file not found" (which an agent would retry).
@@ -74,7 +75,9 @@ def _lexical_check(root: str, rel: str) -> None:
         raise PathRefused(rel, "'..' component", root)
 
 
-def open_beneath(root: str | Path, rel: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+def open_beneath(
+    root: str | Path, rel: str, flags: int = os.O_RDONLY, mode: int = 0o644
+) -> int:
     """Open `rel` beneath `root` and return the fd; raises PathRefused (EPATH)."""
     root_s = str(root)
     _lexical_check(root_s, rel)
@@ -97,7 +100,9 @@ def _open_at(dirfd: int, root: str, rel: str, flags: int, mode: int) -> int:
                 if exc.errno == errno.EAGAIN:
                     continue  # a concurrent rename raced the resolution: retry (FS-8)
                 if exc.errno == errno.EXDEV:
-                    raise PathRefused(rel, "resolves outside the workspace", root) from None
+                    raise PathRefused(
+                        rel, "resolves outside the workspace", root
+                    ) from None
                 if exc.errno == errno.ELOOP:
                     raise PathRefused(rel, "magic link or symlink loop", root) from None
                 if exc.errno == errno.ENOSYS:
@@ -126,7 +131,9 @@ def _walk_nofollow(dirfd: int, root: str, rel: str, flags: int, mode: int) -> in
             os.close(current)
             current = nxt
         try:
-            return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=current)
+            return os.open(
+                parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=current
+            )
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise PathRefused(rel, "symlink in path", root) from None

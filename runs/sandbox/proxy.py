@@ -20,6 +20,7 @@ request comes through these same checks.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
@@ -118,30 +119,26 @@ class EgressProxy:
         os.chmod(self.socket_path, 0o666)
         listener.listen(64)
         self._listener = listener
-        thread = threading.Thread(target=self._accept_loop, name="sandbox-proxy", daemon=True)
+        thread = threading.Thread(
+            target=self._accept_loop, name="sandbox-proxy", daemon=True
+        )
         thread.start()
         self._threads.append(thread)
 
     def stop(self) -> None:
         self._stopping = True
         if self._listener is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             self._listener.close()
         with self._lock:
             for sock in list(self._open):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
         for thread in self._threads:
             thread.join(timeout=2.0)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
@@ -203,7 +200,9 @@ class EgressProxy:
                 client.sendall(_response(403, f"sandbox proxy: {reason}"))
                 return
             entry.update(decision="allow", address=address, connect_attempted=True)
-            upstream = socket.create_connection((address, port), timeout=self.connect_timeout)
+            upstream = socket.create_connection(
+                (address, port), timeout=self.connect_timeout
+            )
             self._track(upstream)
             peer = str(upstream.getpeername()[0])
             peer_reason = address_refusal(peer, allow_loopback=self.allow_loopback)
@@ -222,17 +221,13 @@ class EgressProxy:
             _relay(client, upstream)
         except _BadRequest as exc:
             entry.update(decision="deny", reason=str(exc))
-            try:
+            with contextlib.suppress(OSError):
                 client.sendall(_response(400, f"sandbox proxy: {exc}"))
-            except OSError:
-                pass
         except OSError as exc:
             entry.setdefault("decision", "error")
             entry["reason"] = f"upstream error: {exc}"
-            try:
+            with contextlib.suppress(OSError):
                 client.sendall(_response(502, "sandbox proxy: upstream unreachable"))
-            except OSError:
-                pass
         finally:
             self._record(entry)
             for sock in (client, upstream):
@@ -302,7 +297,9 @@ def _rewrite_request(method: str, path: str, version: str, headers: list[str]) -
 
 
 def _response(code: int, message: str) -> bytes:
-    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}.get(code, "Error")
+    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}.get(
+        code, "Error"
+    )
     body = (message + "\n").encode()
     return (
         f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
@@ -321,10 +318,8 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
         except OSError:
             pass
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
 
     other = threading.Thread(target=one_way, args=(b, a), daemon=True)
     other.start()

@@ -35,7 +35,7 @@ ERROR_FOR_CAUSE: dict[str, str] = {
 
 @dataclass
 class SandboxResult:
-    """What happened, judged by the runner from what it observed (never self-reported)."""
+    """What happened, judged by the runner from what it observed (not self-reported)."""
 
     ok: bool
     exit_code: int | None
@@ -103,7 +103,7 @@ def decode_wait_status(status: int) -> ExitStatus:
 
 
 def decode_waitid(si_code: int, si_status: int) -> ExitStatus:
-    """Decode waitid(2) siginfo: si_status is already an exit code or a signal (WS-7)."""
+    """Decode waitid(2) siginfo: si_status is already an exit code or signal (WS-7)."""
     if si_code == os.CLD_EXITED:
         return ExitStatus(exit_code=si_status, signal=None)
     if si_code in (os.CLD_KILLED, os.CLD_DUMPED):

@@ -133,16 +133,20 @@ class _Run:
             self.enforcement[key] = value
 
     def _open_files(self) -> _Files:
-        out = open(self.run_dir / "stdout", "w+b")
-        err = open(self.run_dir / "stderr", "w+b")
+        # Files, not pipes (OUT-1): the parent never blocks on the child's output.
+        # They outlive this method and are closed in execute()'s finally.
+        out = open(self.run_dir / "stdout", "w+b")  # noqa: SIM115
+        err = open(self.run_dir / "stderr", "w+b")  # noqa: SIM115
         stdin = None
         if self.spec.stdin_data is not None:
             path = self.run_dir / "stdin"
             path.write_bytes(self.spec.stdin_data)
-            stdin = open(path, "rb")
+            stdin = open(path, "rb")  # noqa: SIM115
         return _Files(out, err, stdin)
 
-    def _argv(self, init_path: Path, status_fd: int, extra: list[tuple[str, str]]) -> list[str]:
+    def _argv(
+        self, init_path: Path, status_fd: int, extra: list[tuple[str, str]]
+    ) -> list[str]:
         limits = self.spec.limits
         config = {"status": str(status_fd), "core": "0:0"}
         if limits.cpu_seconds is not None:
@@ -156,7 +160,9 @@ class _Run:
         if as_mb is not None:
             config["as"] = str(as_mb * 1024 * 1024)
         if self.proxy is not None:
-            config["bridge"] = f"{self.settings.proxy_port}:{launch.PROXY_SOCKET_INSIDE}"
+            config["bridge"] = (
+                f"{self.settings.proxy_port}:{launch.PROXY_SOCKET_INSIDE}"
+            )
         command = launch.init_argv(self.settings.python, config, self.spec.argv)
         uid, gid = self.settings.sandbox_uid, self.settings.sandbox_gid
         rest: list[str] = []
@@ -239,8 +245,10 @@ class _Run:
             proc, files, init_status, killed_for, counters, duration_ms, reap_confirmed
         )
 
-    def _watch(self, proc: subprocess.Popen[bytes], files: _Files, deadline: float) -> str | None:
-        """Wait on a pidfd until exit, the wall clock, the output cap or the pids limit."""
+    def _watch(
+        self, proc: subprocess.Popen[bytes], files: _Files, deadline: float
+    ) -> str | None:
+        """Wait on a pidfd until exit, wall clock, output cap or the pids limit."""
         cap = 2 * self.spec.limits.output_bytes
         watch_pids = self.settings.kill_on_pids_limit and self.cgroup is not None
         pidfd = os.pidfd_open(proc.pid)
@@ -253,10 +261,17 @@ class _Run:
                     return "wall_clock"
                 if poller.poll(min(remaining, _TICK_SECONDS) * 1000):
                     return None
-                size = os.fstat(files.out.fileno()).st_size + os.fstat(files.err.fileno()).st_size
+                size = (
+                    os.fstat(files.out.fileno()).st_size
+                    + os.fstat(files.err.fileno()).st_size
+                )
                 if size > cap:
                     return "output_limit"
-                if watch_pids and self.cgroup is not None and self.cgroup.pids_limit_hit():
+                if (
+                    watch_pids
+                    and self.cgroup is not None
+                    and self.cgroup.pids_limit_hit()
+                ):
                     return "pids_limit"
         finally:
             os.close(pidfd)
@@ -316,7 +331,9 @@ class _Run:
         stdout, out_bytes = _read_capped(files.out, cap)
         stderr, err_bytes = _read_capped(files.err, cap)
         cpu_hard = (
-            max(1, math.ceil(limits.cpu_seconds)) + 1 if limits.cpu_seconds is not None else None
+            max(1, math.ceil(limits.cpu_seconds)) + 1
+            if limits.cpu_seconds is not None
+            else None
         )
         extra: list[str] = []
         if proc.returncode == launch.LAUNCHER_EXIT_CGROUP and init_status is None:
@@ -362,8 +379,10 @@ class _Run:
         )
 
 
-def _enforcement(caps: HostCapabilities, planned: dict[str, bool], spec: SandboxSpec) -> dict[str, Any]:
-    """The layers this run gets; cgroup entries are confirmed when the cgroup is made."""
+def _enforcement(
+    caps: HostCapabilities, planned: dict[str, bool], spec: SandboxSpec
+) -> dict[str, Any]:
+    """The layers this run gets; cgroup entries are confirmed once the cgroup exists."""
     limits = spec.limits
     ns = planned["bwrap"]
     return {
@@ -498,4 +517,3 @@ def _read_capped(f: IO[bytes], cap: int) -> tuple[str, int]:
     size = os.fstat(f.fileno()).st_size
     f.seek(0)
     return f.read(cap).decode("utf-8", errors="replace"), size
-

@@ -56,7 +56,8 @@ def _close_inherited_fds(keep: set[int]) -> None:
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
         if fd > 2 and fd not in keep:
-            try:
+            # contextlib.suppress would cost an import on every run's startup.
+            try:  # noqa: SIM105
                 os.set_inheritable(fd, False)
             except OSError:
                 pass  # the fd of the listdir itself is already closed
@@ -78,7 +79,7 @@ def _start_bridge(port: int, socket_path: str) -> int:
                     peers[sock].sendall(data)
                     continue
                 open_ends.discard(sock)
-                try:
+                try:  # noqa: SIM105 (no contextlib import in the init)
                     peers[sock].shutdown(socket.SHUT_WR)
                 except OSError:
                     pass

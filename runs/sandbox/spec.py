@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Host name or IP literal, then a port. IPv6 literals are written in brackets.
-_HOST_PORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>\d{1,5})$")
+_HOST_PORT = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>\d{1,5})$"
+)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names that must never be handed to a workload even if a caller passes them on
 # purpose: the worker's own credentials live under these names.
@@ -40,7 +42,11 @@ class HostPort:
     port: int
 
     def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return (
+            f"[{self.host}]:{self.port}"
+            if ":" in self.host
+            else f"{self.host}:{self.port}"
+        )
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,8 @@ class NetworkPolicy:
             m = _HOST_PORT.match(item)
             if not m:
                 raise SandboxSpecError(
-                    f"unknown network spec {item!r}: use 'none' or HOST:PORT[,HOST:PORT...]"
+                    f"unknown network spec {item!r}: "
+                    "use 'none' or HOST:PORT[,HOST:PORT...]"
                 )
             port = int(m.group("port"))
             if not 1 <= port <= 65535:
@@ -107,11 +114,15 @@ class Limits:
         _positive_int("output_bytes", self.output_bytes)
         _positive_int("tmpfs_mb", self.tmpfs_mb)
         if self.nofile is not None and self.nofile < 8:
-            raise SandboxSpecError("nofile must be at least 8 (the init needs a few fds)")
+            raise SandboxSpecError(
+                "nofile must be at least 8 (the init needs a few fds)"
+            )
         if self.pids is not None and self.pids < 4:
             raise SandboxSpecError("pids must be at least 4 (bwrap, init and workload)")
         if self.memory_mb is not None and self.memory_mb < 32:
-            raise SandboxSpecError("memory_mb must be at least 32 (the init itself needs ~10)")
+            raise SandboxSpecError(
+                "memory_mb must be at least 32 (the init itself needs ~10)"
+            )
 
     def effective_address_space_mb(self) -> int | None:
         if self.address_space_mb is not None:
@@ -123,7 +134,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class SandboxSpec:
-    """One command to run: argv (never a shell string), env, workspace, limits, network."""
+    """One command: argv (never a shell string), env, workspace, limits, network."""
 
     argv: Sequence[str]
     workspace: Path | str
@@ -214,7 +225,9 @@ def validate_spec(spec: SandboxSpec, settings: SandboxSettings) -> Path:
         raise SandboxSpecError("limits must be a Limits")
     spec.limits.validate()
     if not isinstance(spec.network, NetworkPolicy):
-        raise SandboxSpecError("network must be a NetworkPolicy (see NetworkPolicy.parse)")
+        raise SandboxSpecError(
+            "network must be a NetworkPolicy (see NetworkPolicy.parse)"
+        )
     for key, value in spec.env.items():
         if not _ENV_NAME.match(key) or "\x00" in value:
             raise SandboxSpecError(f"invalid environment variable name {key!r}")

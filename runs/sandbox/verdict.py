@@ -61,7 +61,8 @@ def judge(obs: Observation) -> Verdict:
     if obs.killed_for == "output_limit" or output_limited:
         cause = "output_limit"
         details.append(
-            f"output {obs.out_bytes}+{obs.err_bytes} bytes exceeded 2 x {obs.output_cap}"
+            f"output {obs.out_bytes}+{obs.err_bytes} bytes "
+            f"exceeded 2 x {obs.output_cap}"
         )
     elif counters.get("oom_kill", 0) > 0:
         cause = "memory_limit"
@@ -70,7 +71,9 @@ def judge(obs: Observation) -> Verdict:
         counters.get("pids_max_events", 0) > 0 and not _clean_exit(status)
     ):
         cause = "pids_limit"
-        details.append(f"pids limit refused {counters.get('pids_max_events', 0)} fork(s)")
+        details.append(
+            f"pids limit refused {counters.get('pids_max_events', 0)} fork(s)"
+        )
     elif sig == _signal.SIGXCPU or (
         sig == _signal.SIGKILL
         and obs.cpu_hard_seconds is not None

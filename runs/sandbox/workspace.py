@@ -7,6 +7,7 @@ owns it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -52,10 +53,5 @@ def workspace_release(path: Path | str, *, settings: SandboxSettings) -> None:
     if root not in Path(os.path.realpath(path)).parents:
         raise SandboxSpecError(f"{path} is not beneath {root}")
     shutil.rmtree(path, ignore_errors=True)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         (_records_dir(settings) / f"{path.name}.json").unlink()
-    except FileNotFoundError:
-        pass
-
-
-

@@ -65,7 +65,9 @@ def sandbox_cgroups(group: str) -> list[Path]:
     found: list[Path] = []
     for base in CgroupLayout.detect().group_dirs(group):
         if base.is_dir():
-            found += [p for p in base.iterdir() if p.is_dir() and p.name.startswith(tag)]
+            found += [
+                p for p in base.iterdir() if p.is_dir() and p.name.startswith(tag)
+            ]
     return found
 
 
@@ -98,5 +100,7 @@ def run_python(
     settings: SandboxSettings, workspace: Path, code: str, limits: Limits | None = None
 ) -> SandboxResult:
     """Run a Python snippet with the system interpreter inside the sandbox."""
-    spec = SandboxSpec(argv=[PYTHON, "-c", code], workspace=workspace, limits=limits or Limits())
+    spec = SandboxSpec(
+        argv=[PYTHON, "-c", code], workspace=workspace, limits=limits or Limits()
+    )
     return run_in_sandbox(spec, settings)

@@ -48,9 +48,13 @@ def test_filling_tmpfs_gives_edisk_with_partial_file(
     assert r.retryable is False and r.ok is False
 
 
-def test_dd_into_full_tmpfs_is_edisk(settings: SandboxSettings, workspace: Path) -> None:
+def test_dd_into_full_tmpfs_is_edisk(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     argv = ["dd", "if=/dev/zero", "of=/tmp/big", "bs=1M", "count=20"]
-    r = run_in_sandbox(SandboxSpec(argv=argv, workspace=workspace, limits=Limits(tmpfs_mb=8)), settings)
+    r = run_in_sandbox(
+        SandboxSpec(argv=argv, workspace=workspace, limits=Limits(tmpfs_mb=8)), settings
+    )
     assert r.exit_code == 1 and "No space left on device" in r.stderr
     assert r.error == "EDISK"
 
@@ -61,7 +65,10 @@ def small_fs_settings(settings: SandboxSettings) -> Iterator[SandboxSettings]:
     host disk (DK-5) and the partial file can be inspected from outside."""
     mount = TEST_ROOT / "smallfs"
     mount.mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0711", "tmpfs", str(mount)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0711", "tmpfs", str(mount)],
+        check=True,
+    )
     try:
         yield replace(settings, workspace_root=mount)
     finally:
@@ -80,21 +87,33 @@ def test_filling_the_workspace_gives_edisk(small_fs_settings: SandboxSettings) -
         workspace_release(ws, settings=small_fs_settings)
 
 
-def test_file_size_limit_kills_dd_with_sigxfsz(settings: SandboxSettings, workspace: Path) -> None:
+def test_file_size_limit_kills_dd_with_sigxfsz(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     argv = ["dd", "if=/dev/zero", "of=big.bin", "bs=1M", "count=3"]
-    r = run_in_sandbox(SandboxSpec(argv=argv, workspace=workspace, limits=Limits(fsize_mb=1)), settings)
+    r = run_in_sandbox(
+        SandboxSpec(argv=argv, workspace=workspace, limits=Limits(fsize_mb=1)), settings
+    )
     assert (r.signal, r.signal_name, r.error) == (25, "SIGXFSZ", "EFBIG")
     assert (workspace / "big.bin").stat().st_size == 1024 * 1024
 
 
-def test_file_size_limit_gives_python_efbig(settings: SandboxSettings, workspace: Path) -> None:
+def test_file_size_limit_gives_python_efbig(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     code = "open('big.bin','wb').write(b'x' * (3 * 1024 * 1024))"
     r = run_python(settings, workspace, code, Limits(fsize_mb=1))
     assert r.exit_code == 1 and "File too large" in r.stderr
 
 
-def test_output_flood_is_cut_at_the_cap(settings: SandboxSettings, workspace: Path) -> None:
-    spec = SandboxSpec(argv=["yes"], workspace=workspace, limits=Limits(output_bytes=4096, wall_seconds=10))
+def test_output_flood_is_cut_at_the_cap(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    spec = SandboxSpec(
+        argv=["yes"],
+        workspace=workspace,
+        limits=Limits(output_bytes=4096, wall_seconds=10),
+    )
     r = run_in_sandbox(spec, settings)
     assert r.output_limited and r.stdout_truncated and not r.timed_out
     assert r.termination_cause == "output_limit" and r.error == "EOUTPUT"
@@ -111,7 +130,9 @@ def test_print_over_the_cap(settings: SandboxSettings, workspace: Path) -> None:
     assert len(r.stdout) == 4096
 
 
-def test_output_under_the_cap_is_whole(settings: SandboxSettings, workspace: Path) -> None:
+def test_output_under_the_cap_is_whole(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     code = "import sys; sys.stdout.write('a'*3000); sys.stderr.write('b'*10)"
     r = run_python(settings, workspace, code, Limits(output_bytes=4096))
     assert r.ok and r.stdout == "a" * 3000 and r.stderr == "b" * 10

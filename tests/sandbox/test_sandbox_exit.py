@@ -16,8 +16,7 @@ from runs.sandbox import (
 )
 from runs.sandbox.result import decode_returncode
 
-from .conftest import PYTHON, run_python
-
+from .conftest import run_python
 
 run = run_python
 
@@ -31,22 +30,33 @@ def test_normal_exit_is_success(settings: SandboxSettings, workspace: Path) -> N
     assert r.max_rss_kb is not None and r.max_rss_kb > 0
 
 
-def test_nonzero_exit_is_not_success(settings: SandboxSettings, workspace: Path) -> None:
+def test_nonzero_exit_is_not_success(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     r = run(settings, workspace, "import sys; sys.exit(42)")
     assert (r.ok, r.exit_code, r.signal, r.timed_out) == (False, 42, None, False)
     assert r.termination_cause == "exit"
 
 
 def test_signal_is_not_an_exit_code(settings: SandboxSettings, workspace: Path) -> None:
-    r = run(settings, workspace, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    r = run(
+        settings, workspace, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    )
     assert (r.ok, r.exit_code, r.signal, r.signal_name) == (False, None, 15, "SIGTERM")
     assert r.termination_cause == "signal"
 
 
-def test_abort_reports_sigabrt_without_core(settings: SandboxSettings, workspace: Path) -> None:
+def test_abort_reports_sigabrt_without_core(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     # RLIMIT_CORE is 0 inside, so SIGABRT never carries a core (WS-3).
     r = run(settings, workspace, "import os; os.abort()")
-    assert (r.exit_code, r.signal, r.signal_name, r.core_dumped) == (None, 6, "SIGABRT", False)
+    assert (r.exit_code, r.signal, r.signal_name, r.core_dumped) == (
+        None,
+        6,
+        "SIGABRT",
+        False,
+    )
 
 
 def test_exit_137_is_not_sigkill(settings: SandboxSettings, workspace: Path) -> None:
@@ -68,7 +78,9 @@ def test_nofile_limit_is_applied(settings: SandboxSettings, workspace: Path) -> 
     assert r.ok and r.stdout == "(32, 32)\n"
 
 
-def test_missing_command_is_enoent_127(settings: SandboxSettings, workspace: Path) -> None:
+def test_missing_command_is_enoent_127(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     spec = SandboxSpec(argv=["no-such-command-xyz"], workspace=workspace)
     r = run_in_sandbox(spec, settings)
     assert (r.ok, r.exit_code, r.error) == (False, 127, "ENOENT")
@@ -84,7 +96,11 @@ def test_decode_wait_status_macros() -> None:
     stopped = decode_wait_status(0x137F)  # WIFSTOPPED by SIGSTOP
     assert (stopped.exit_code, stopped.signal) == (None, None)
     continued = decode_wait_status(0xFFFF)
-    assert (continued.exit_code, continued.signal, continued.core_dumped) == (None, None, False)
+    assert (continued.exit_code, continued.signal, continued.core_dumped) == (
+        None,
+        None,
+        False,
+    )
 
 
 def test_anti_pattern_low_byte_is_not_success() -> None:

@@ -56,7 +56,9 @@ def test_bad_limits_are_refused(
     settings: SandboxSettings, workspace: Path, no_spawn: None, limits: Limits
 ) -> None:
     with pytest.raises(SandboxSpecError):
-        run_in_sandbox(SandboxSpec(argv=["true"], workspace=workspace, limits=limits), settings)
+        run_in_sandbox(
+            SandboxSpec(argv=["true"], workspace=workspace, limits=limits), settings
+        )
 
 
 @pytest.mark.parametrize("argv", [[], "rm -rf /", [""], ["echo", 3], ["a\x00b"]])
@@ -77,7 +79,8 @@ def test_workspace_outside_root_is_refused(
 
 
 @pytest.mark.parametrize(
-    "text", ["all", "", "host", "host:0", "host:99999", "http://x:80", "a:1,,b:2", "h:p"]
+    "text",
+    ["all", "", "host", "host:0", "host:99999", "http://x:80", "a:1,,b:2", "h:p"],
 )
 def test_unknown_network_spec_is_refused(text: str) -> None:
     with pytest.raises(SandboxSpecError):
@@ -90,7 +93,9 @@ def test_network_spec_parses() -> None:
     assert NetworkPolicy.parse("none").is_none
 
 
-@pytest.mark.parametrize("name", ["SECRET_KEY", "DATABASE_URL", "OPENAI_API_KEY", "GH_TOKEN"])
+@pytest.mark.parametrize(
+    "name", ["SECRET_KEY", "DATABASE_URL", "OPENAI_API_KEY", "GH_TOKEN"]
+)
 def test_secret_env_names_are_refused(
     settings: SandboxSettings, workspace: Path, no_spawn: None, name: str
 ) -> None:
@@ -106,7 +111,11 @@ def test_missing_layers_refuse_instead_of_running_unconfined(
     crippled = replace(real, bwrap=None, bwrap_works=False)
     monkeypatch.setattr(runner_module, "probe_host", lambda s: crippled)
     no_spawn = AssertionError("something was spawned")
-    monkeypatch.setattr(runner_module.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(no_spawn))
+    monkeypatch.setattr(
+        runner_module.subprocess,
+        "Popen",
+        lambda *a, **k: (_ for _ in ()).throw(no_spawn),
+    )
     with pytest.raises(SandboxUnavailable) as info:
         run_in_sandbox(SandboxSpec(argv=["true"], workspace=workspace), settings)
     assert "apt-get install bubblewrap" in str(info.value)
@@ -120,7 +129,9 @@ def test_minimum_set_is_configurable() -> None:
     require_layers(planned, DEFAULT_REQUIRED_LAYERS - {"memory_limit"})
 
 
-def test_unknown_required_layer_is_a_spec_error(settings: SandboxSettings, workspace: Path) -> None:
+def test_unknown_required_layer_is_a_spec_error(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     bad = replace(settings, required_layers=frozenset({"bwrap", "magic"}))
     with pytest.raises(SandboxSpecError):
         run_in_sandbox(SandboxSpec(argv=["true"], workspace=workspace), bad)
@@ -134,27 +145,53 @@ def _cli(*args: str, settings: SandboxSettings) -> subprocess.CompletedProcess[s
     }
     return subprocess.run(
         [sys.executable, "-m", "runs.sandbox", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=30,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 
 def test_cli_prints_one_json_object(settings: SandboxSettings) -> None:
-    proc = _cli("--timeout", "0.5", "--", "/usr/bin/python3", "-c", "import time; time.sleep(5)",
-                settings=settings)
+    proc = _cli(
+        "--timeout",
+        "0.5",
+        "--",
+        "/usr/bin/python3",
+        "-c",
+        "import time; time.sleep(5)",
+        settings=settings,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert (result["ok"], result["exit_code"], result["signal"], result["timed_out"]) == (
-        False, None, 9, True)
-    proc = _cli("--nofile", "32", "--", "/usr/bin/python3", "-c",
-                "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))",
-                settings=settings)
+    assert (
+        result["ok"],
+        result["exit_code"],
+        result["signal"],
+        result["timed_out"],
+    ) == (False, None, 9, True)
+    proc = _cli(
+        "--nofile",
+        "32",
+        "--",
+        "/usr/bin/python3",
+        "-c",
+        "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))",
+        settings=settings,
+    )
     assert json.loads(proc.stdout)["stdout"] == "(32, 32)\n"
 
 
 @pytest.mark.parametrize(
     "args",
-    [[], ["--timeout", "nan", "--", "true"], ["--network", "everything", "--", "true"],
-     ["--memory", "-1", "--", "true"], ["--workspace", "/etc", "--", "true"]],
+    [
+        [],
+        ["--timeout", "nan", "--", "true"],
+        ["--network", "everything", "--", "true"],
+        ["--memory", "-1", "--", "true"],
+        ["--workspace", "/etc", "--", "true"],
+    ],
 )
 def test_cli_usage_errors_exit_2(settings: SandboxSettings, args: list[str]) -> None:
     proc = _cli(*args, settings=settings)

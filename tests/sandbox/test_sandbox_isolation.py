@@ -1,4 +1,4 @@
-"""Identity, filesystem, fds and environment inside the sandbox (FS-*, T-FD-1, OBS-2)."""
+"""Identity, filesystem, fds and environment inside (FS-*, T-FD-1, OBS-2)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from runs.sandbox import SandboxSettings, SandboxSpec, run_in_sandbox
 from .conftest import run_python
 
 
-def test_inherited_fd_is_not_visible_inside(settings: SandboxSettings, workspace: Path) -> None:
+def test_inherited_fd_is_not_visible_inside(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     fd = os.open("/etc/hostname", os.O_RDONLY)
     os.set_inheritable(fd, True)
     try:
@@ -39,7 +41,9 @@ def test_environment_holds_no_secret(
 
 
 def test_identity_is_unprivileged(settings: SandboxSettings, workspace: Path) -> None:
-    r = run_in_sandbox(SandboxSpec(argv=["cat", "/proc/self/status"], workspace=workspace), settings)
+    r = run_in_sandbox(
+        SandboxSpec(argv=["cat", "/proc/self/status"], workspace=workspace), settings
+    )
     fields = dict(line.split(":", 1) for line in r.stdout.splitlines() if ":" in line)
     assert fields["Uid"].split() == ["65534"] * 4
     for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
@@ -70,10 +74,13 @@ print("cwd", os.getcwd())
     assert (workspace / "ok").exists()
 
 
-def test_host_secrets_and_homes_are_absent(settings: SandboxSettings, workspace: Path) -> None:
+def test_host_secrets_and_homes_are_absent(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     code = """
 import os
-for path in ("/root", "/work", "/home", "/var/lib/agent-sandbox-test", "/sys/fs/cgroup"):
+for path in ("/root", "/work", "/home", "/var/lib/agent-sandbox-test",
+             "/sys/fs/cgroup"):
     print(path, os.path.exists(path))
 try:
     open("/etc/shadow").read()
@@ -86,13 +93,20 @@ except OSError as exc:
     assert "shadow 13" in r.stdout  # EACCES: the uid drop is real, not a mapped root
 
 
-def test_only_the_sandbox_processes_are_visible(settings: SandboxSettings, workspace: Path) -> None:
-    code = "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+def test_only_the_sandbox_processes_are_visible(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    code = (
+        "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+    )
     r = run_python(settings, workspace, code)
     assert r.stdout.strip() == "[1, 2]"  # the init and the workload
 
 
 def test_argv_is_not_a_shell(settings: SandboxSettings, workspace: Path) -> None:
-    r = run_in_sandbox(SandboxSpec(argv=["echo", "a; touch pwned $(id)"], workspace=workspace), settings)
+    r = run_in_sandbox(
+        SandboxSpec(argv=["echo", "a; touch pwned $(id)"], workspace=workspace),
+        settings,
+    )
     assert r.stdout == "a; touch pwned $(id)\n"
     assert not (workspace / "pwned").exists()

@@ -10,7 +10,13 @@ import threading
 import time
 from pathlib import Path
 
-from runs.sandbox import SandboxResult, SandboxSettings, SandboxSpec, run_in_sandbox, sandbox_janitor_sweep
+from runs.sandbox import (
+    SandboxResult,
+    SandboxSettings,
+    SandboxSpec,
+    run_in_sandbox,
+    sandbox_janitor_sweep,
+)
 from runs.sandbox.cgroup import CgroupLayout
 
 from .conftest import sandbox_processes
@@ -21,8 +27,11 @@ OWNER = """
 import sys
 from pathlib import Path
 from runs.sandbox import SandboxSettings, SandboxSpec, run_in_sandbox, workspace_create
-settings = SandboxSettings(workspace_root=Path(sys.argv[1]), state_dir=Path(sys.argv[2]),
-                           cgroup_group=sys.argv[3])
+settings = SandboxSettings(
+    workspace_root=Path(sys.argv[1]),
+    state_dir=Path(sys.argv[2]),
+    cgroup_group=sys.argv[3],
+)
 ws = workspace_create(settings=settings, label="owner")
 print(ws, flush=True)
 run_in_sandbox(SandboxSpec(argv=["sleep", "60"], workspace=ws), settings)
@@ -39,9 +48,17 @@ def _group_dirs(settings: SandboxSettings, prefix: str) -> list[Path]:
 
 def test_sweep_removes_sandboxes_of_a_killed_owner(settings: SandboxSettings) -> None:
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(settings.workspace_root), str(settings.state_dir),
-         settings.cgroup_group],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            OWNER,
+            str(settings.workspace_root),
+            str(settings.state_dir),
+            settings.cgroup_group,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert owner.stdout is not None
     ws = Path(owner.stdout.readline().strip())
@@ -64,7 +81,9 @@ def test_sweep_removes_sandboxes_of_a_killed_owner(settings: SandboxSettings) ->
     assert sandbox_processes() == []
 
 
-def test_sweep_kills_a_process_left_in_an_orphaned_cgroup(settings: SandboxSettings) -> None:
+def test_sweep_kills_a_process_left_in_an_orphaned_cgroup(
+    settings: SandboxSettings,
+) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
     name = f"r{dead.pid}-1-feedbeef"
@@ -75,8 +94,12 @@ def test_sweep_kills_a_process_left_in_an_orphaned_cgroup(settings: SandboxSetti
         d.mkdir()
     procs = " ".join(str(d / "cgroup.procs") for d in dirs)
     stray = subprocess.Popen(
-        ["sh", "-c", f'for p in {procs}; do echo $$ > "$p"; done; exec setpriv '
-         "--reuid=65534 --regid=65534 --clear-groups sleep 60"],
+        [
+            "sh",
+            "-c",
+            f'for p in {procs}; do echo $$ > "$p"; done; exec setpriv '
+            "--reuid=65534 --regid=65534 --clear-groups sleep 60",
+        ],
         start_new_session=True,
     )
     deadline = time.monotonic() + 5
@@ -90,10 +113,14 @@ def test_sweep_kills_a_process_left_in_an_orphaned_cgroup(settings: SandboxSetti
     assert not any(d.exists() for d in dirs)
 
 
-def test_sweep_leaves_a_live_owner_alone(settings: SandboxSettings, workspace: Path) -> None:
+def test_sweep_leaves_a_live_owner_alone(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     results: list[SandboxResult] = []
     spec = SandboxSpec(argv=["sh", "-c", "sleep 0.6; echo done"], workspace=workspace)
-    worker = threading.Thread(target=lambda: results.append(run_in_sandbox(spec, settings)))
+    worker = threading.Thread(
+        target=lambda: results.append(run_in_sandbox(spec, settings))
+    )
     worker.start()
     time.sleep(0.3)
     report = sandbox_janitor_sweep(settings)

@@ -25,7 +25,9 @@ time.sleep(30)
 """
 
 
-def test_timeout_kills_the_whole_tree(settings: SandboxSettings, workspace: Path) -> None:
+def test_timeout_kills_the_whole_tree(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     r = run_python(settings, workspace, TREE, Limits(wall_seconds=0.7))
     assert (r.ok, r.exit_code, r.signal, r.timed_out) == (False, None, 9, True)
     assert r.termination_cause == "wall_clock" and r.error == "ETIMEDOUT"
@@ -38,15 +40,21 @@ def test_timeout_kills_the_whole_tree(settings: SandboxSettings, workspace: Path
     assert not (workspace / "term_ignorer.txt").exists()
 
 
-def test_silent_sleeper_is_killed_on_time(settings: SandboxSettings, workspace: Path) -> None:
-    r = run_python(settings, workspace, "import time; time.sleep(10)", Limits(wall_seconds=0.5))
+def test_silent_sleeper_is_killed_on_time(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    r = run_python(
+        settings, workspace, "import time; time.sleep(10)", Limits(wall_seconds=0.5)
+    )
     assert r.timed_out and r.signal == 9 and 500 <= r.duration_ms < 1000
 
 
 def test_cpu_spin_ends_by_sigxcpu_before_wall_clock(
     settings: SandboxSettings, workspace: Path
 ) -> None:
-    r = run_python(settings, workspace, "while True: pass", Limits(cpu_seconds=1, wall_seconds=5))
+    r = run_python(
+        settings, workspace, "while True: pass", Limits(cpu_seconds=1, wall_seconds=5)
+    )
     assert (r.signal, r.signal_name, r.timed_out) == (24, "SIGXCPU", False)
     assert r.termination_cause == "cpu_limit" and r.error == "ECPU"
     assert 900 <= r.duration_ms < 2000
@@ -55,18 +63,26 @@ def test_cpu_spin_ends_by_sigxcpu_before_wall_clock(
 def test_cpu_spin_ignoring_sigxcpu_dies_at_hard_limit(
     settings: SandboxSettings, workspace: Path
 ) -> None:
-    code = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass"
+    code = (
+        "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass"
+    )
     r = run_python(settings, workspace, code, Limits(cpu_seconds=1, wall_seconds=5))
     assert (r.signal, r.timed_out, r.termination_cause) == (9, False, "cpu_limit")
     assert 1900 <= r.duration_ms < 3000
 
 
-def test_sleep_under_cpu_limit_completes(settings: SandboxSettings, workspace: Path) -> None:
-    r = run_python(settings, workspace, "import time; time.sleep(1.5)", Limits(cpu_seconds=1))
+def test_sleep_under_cpu_limit_completes(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    r = run_python(
+        settings, workspace, "import time; time.sleep(1.5)", Limits(cpu_seconds=1)
+    )
     assert r.ok and r.exit_code == 0
 
 
-def test_fork_bomb_stops_at_pids_limit(settings: SandboxSettings, workspace: Path) -> None:
+def test_fork_bomb_stops_at_pids_limit(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     # A heartbeat thread in the runner process measures host responsiveness.
     gaps: list[float] = []
     stop = threading.Event()
@@ -95,7 +111,9 @@ def test_fork_bomb_stops_at_pids_limit(settings: SandboxSettings, workspace: Pat
     assert max(gaps) < 0.5, f"host stalled for {max(gaps):.3f}s"
 
 
-def test_memory_hog_ends_with_memory_limit(settings: SandboxSettings, workspace: Path) -> None:
+def test_memory_hog_ends_with_memory_limit(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     code = "x = []\nwhile True: x.append(bytearray(8 * 1024 * 1024))"
     r = run_python(settings, workspace, code, Limits(memory_mb=96, wall_seconds=10))
     assert r.termination_cause == "memory_limit" and r.error == "EMEMORY"
@@ -104,7 +122,9 @@ def test_memory_hog_ends_with_memory_limit(settings: SandboxSettings, workspace:
     assert r.reap_confirmed
 
 
-def test_address_space_limit_gives_memoryerror(settings: SandboxSettings, workspace: Path) -> None:
+def test_address_space_limit_gives_memoryerror(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     code = "x = bytearray(600 * 1024 * 1024)"
     r = run_python(settings, workspace, code, Limits(address_space_mb=256))
     assert r.exit_code == 1 and "MemoryError" in r.stderr
@@ -116,7 +136,9 @@ def test_cpu_quota_throttles(settings: SandboxSettings, workspace: Path) -> None
     assert r.ok and r.counters["cpu_nr_throttled"] > 0  # throttled, never killed
 
 
-def test_sandbox_env_and_rlimits_reported(settings: SandboxSettings, workspace: Path) -> None:
+def test_sandbox_env_and_rlimits_reported(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     spec = SandboxSpec(argv=["true"], workspace=workspace)
     r = run_in_sandbox(spec, settings)
     e = r.enforcement

@@ -120,7 +120,9 @@ def test_allowlisted_host_reachable_others_refused(
     network = NetworkPolicy.parse(
         f"svc.test:{port},10.1.2.3:80,169.254.169.254:80,meta.test:80,intranet.test:80"
     )
-    test_settings = replace(settings, allow_loopback_targets=True, resolver=fixed_resolver)
+    test_settings = replace(
+        settings, allow_loopback_targets=True, resolver=fixed_resolver
+    )
     code = f"URLS = {urls!r}\n" + CLIENT
     spec = SandboxSpec(argv=[PYTHON, "-c", code], workspace=workspace, network=network)
     r = run_in_sandbox(spec, test_settings)
@@ -128,8 +130,14 @@ def test_allowlisted_host_reachable_others_refused(
 
     out = json.loads(r.stdout)
     assert out["allowed"] == 200
-    for name in ("other_host", "other_port", "private_literal", "metadata",
-                 "metadata_by_name", "intranet_by_name"):
+    for name in (
+        "other_host",
+        "other_port",
+        "private_literal",
+        "metadata",
+        "metadata_by_name",
+        "intranet_by_name",
+    ):
         assert out[name] == 403, name
     assert out["raw"] == 101  # a raw socket ignores HTTP_PROXY and has no route
     assert r.enforcement["network"] == "proxy"
@@ -149,9 +157,23 @@ def test_allowlisted_host_reachable_others_refused(
 
 @pytest.mark.parametrize(
     "address",
-    ["127.0.0.1", "::1", "::ffff:127.0.0.1", "10.0.0.1", "172.16.5.4", "192.168.0.1",
-     "169.254.169.254", "::ffff:169.254.169.254", "fd00:ec2::254", "fe80::1",
-     "100.64.0.1", "0.0.0.0", "224.0.0.1", "2002:a9fe:a9fe::1", "::"],
+    [
+        "127.0.0.1",
+        "::1",
+        "::ffff:127.0.0.1",
+        "10.0.0.1",
+        "172.16.5.4",
+        "192.168.0.1",
+        "169.254.169.254",
+        "::ffff:169.254.169.254",
+        "fd00:ec2::254",
+        "fe80::1",
+        "100.64.0.1",
+        "0.0.0.0",
+        "224.0.0.1",
+        "2002:a9fe:a9fe::1",
+        "::",
+    ],
 )
 def test_address_ranges_refused(address: str) -> None:
     assert address_refusal(address) is not None
@@ -163,7 +185,15 @@ def test_public_address_allowed() -> None:
 
 
 @pytest.mark.parametrize(
-    "spelling", ["2130706433", "0177.0.0.1", "0x7f.0.0.1", "0x7f000001", "127.1", "[::ffff:127.0.0.1]"]
+    "spelling",
+    [
+        "2130706433",
+        "0177.0.0.1",
+        "0x7f.0.0.1",
+        "0x7f000001",
+        "127.1",
+        "[::ffff:127.0.0.1]",
+    ],
 )
 def test_loopback_in_every_spelling_is_refused(spelling: str) -> None:
     host = spelling.strip("[]")
@@ -173,7 +203,9 @@ def test_loopback_in_every_spelling_is_refused(spelling: str) -> None:
 
 
 def test_a_name_resolving_to_any_private_address_is_refused() -> None:
-    proxy = EgressProxy("/nonexistent", (HostPort("mixed.test", 443),), resolver=fixed_resolver)
+    proxy = EgressProxy(
+        "/nonexistent", (HostPort("mixed.test", 443),), resolver=fixed_resolver
+    )
     address, reason = proxy.decide("mixed.test", 443)
     assert address is None and "192.168.1.1" in reason
 

@@ -1,4 +1,4 @@
-"""Path guard (T-PATH-1/2, T-RUN-5): refusals are EPATH and happen before anything runs."""
+"""Path guard (T-PATH-1/2, T-RUN-5): refusals are EPATH, before anything runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from runs.sandbox import PathRefused, SandboxSettings, SandboxSpec, check_path, open_beneath, run_in_sandbox
+from runs.sandbox import (
+    PathRefused,
+    SandboxSettings,
+    SandboxSpec,
+    check_path,
+    open_beneath,
+    run_in_sandbox,
+)
 
 
 @pytest.fixture
@@ -24,8 +31,18 @@ def tree(workspace: Path) -> Path:
 
 @pytest.mark.parametrize(
     "rel",
-    ["../outside.txt", "/etc/passwd", "link_out", "fd_link", "sub/up/etc/passwd",
-     "/proc/self/fd/3", "sub/../../x", "", "a\x00b", "/workspace/a.txt"],
+    [
+        "../outside.txt",
+        "/etc/passwd",
+        "link_out",
+        "fd_link",
+        "sub/up/etc/passwd",
+        "/proc/self/fd/3",
+        "sub/../../x",
+        "",
+        "a\x00b",
+        "/workspace/a.txt",
+    ],
 )
 def test_escapes_are_refused(tree: Path, rel: str) -> None:
     with pytest.raises(PathRefused) as info:
@@ -33,7 +50,9 @@ def test_escapes_are_refused(tree: Path, rel: str) -> None:
     assert info.value.error == "EPATH"
 
 
-@pytest.mark.parametrize("rel", ["a.txt", "link_in", "sub", "sub/new.txt", "new/dir/file"])
+@pytest.mark.parametrize(
+    "rel", ["a.txt", "link_in", "sub", "sub/new.txt", "new/dir/file"]
+)
 def test_paths_beneath_are_allowed(tree: Path, rel: str) -> None:
     check_path(tree, rel)
 
@@ -85,8 +104,15 @@ def test_symlink_swapped_during_open_never_yields_outside(tree: Path) -> None:
 def test_escaping_path_refused_before_anything_runs(
     settings: SandboxSettings, tree: Path
 ) -> None:
-    spec = SandboxSpec(argv=["touch", "ran.txt"], workspace=tree, paths=["a.txt", "../escape.py"])
+    spec = SandboxSpec(
+        argv=["touch", "ran.txt"], workspace=tree, paths=["a.txt", "../escape.py"]
+    )
     r = run_in_sandbox(spec, settings)
-    assert (r.ok, r.exit_code, r.error, r.termination_cause) == (False, None, "EPATH", "path_refused")
+    assert (r.ok, r.exit_code, r.error, r.termination_cause) == (
+        False,
+        None,
+        "EPATH",
+        "path_refused",
+    )
     assert "../escape.py" in r.detail
     assert not (tree / "ran.txt").exists()  # the command never ran
