@@ -217,7 +217,7 @@ class RunCgroup:
         return any(_procs(d) for d in self.dirs.values())
 
     def kill(self) -> str:
-        """Kill every process of the run, setsid escapees included; return the method."""
+        """Kill every process of the run, setsid escapees too; return the method."""
         if "v2" in self.dirs and _write_optional(self.dirs["v2"] / "cgroup.kill", "1"):
             return "cgroup.kill"
         # No cgroup.kill: SIGKILL everything listed, repeatedly, until nothing is left;
