@@ -242,3 +242,58 @@ ENV_VARIABLES = env.variables
 
 # Each app that owns demo data adds its seeder; `seed_demo` calls them in order.
 DEMO_SEEDERS: list[str] = []
+
+# Runs: caps every run starts from (an agent or a run request may only lower them).
+RUN_DEFAULT_LIMITS: dict[str, Any] = {
+    "max_steps": env.integer("RUN_MAX_STEPS", 50, minimum=1, help="Default step cap."),
+    "max_tool_calls": env.integer(
+        "RUN_MAX_TOOL_CALLS", 100, minimum=1, help="Default tool-call cap per run."
+    ),
+    "max_wall_seconds": env.number(
+        "RUN_MAX_WALL_SECONDS", 900.0, minimum=1, help="Default active seconds per run."
+    ),
+}
+RUN_RESERVE_OUTPUT_TOKENS = env.integer(
+    "RUN_RESERVE_OUTPUT_TOKENS",
+    1024,
+    minimum=1,
+    help="Output tokens reserved (and requested at most) per model call.",
+)
+RUN_MAX_INPUT_CHARS = env.integer(
+    "RUN_MAX_INPUT_CHARS", 20_000, minimum=1, help="Longest run input accepted."
+)
+RUN_LEASE_SECONDS = env.number(
+    "RUN_LEASE_SECONDS",
+    120.0,
+    minimum=0.5,
+    help="How long a worker's lease on a run lasts before recovery may take it over.",
+)
+RUN_POLICY_HOOK = "runs.engine.policy.default_policy"
+CELERY_TASK_TIME_LIMIT = int(RUN_LEASE_SECONDS) + 60
+CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
+    "task": "runs.tasks.recover_stalled_runs_task",
+    "schedule": 15.0,
+}
+DEMO_SEEDERS.append("runs.demo.demo_seed_shop")
+
+# Sandbox runner (run_code and any tool that runs a command).
+SANDBOX_ROOT = env.string(
+    "SANDBOX_ROOT",
+    str(BASE_DIR / ".run" / "sandbox"),
+    help="Where sandbox workspaces and state live (must be traversable by uid 65534).",
+)
+SANDBOX_REQUIRED_LAYERS = env.items(
+    "SANDBOX_REQUIRED_LAYERS",
+    "bwrap,pidns,netns,mountns,uid_drop,no_new_privs,rlimits",
+    help="Isolation layers without which the sandbox refuses to run anything.",
+)
+SANDBOX_OUTPUT_BYTES = env.integer(
+    "SANDBOX_OUTPUT_BYTES", 64_000, minimum=1024, help="Output cap per sandboxed run."
+)
+
+APPROVAL_DEFAULT_TTL_SECONDS = env.integer(
+    "APPROVAL_DEFAULT_TTL_SECONDS",
+    24 * 3600,
+    minimum=1,
+    help="How long an approval request waits before it expires.",
+)

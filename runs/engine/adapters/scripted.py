@@ -9,13 +9,37 @@ replies of a recorded run (`ModelReply.to_dict()` rows).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from runs.engine.actions import ModelReply, ToolCall, Usage
 from runs.engine.adapters import ModelError
 
 ScriptEntry = ModelReply | Mapping[str, Any]
+# `{{call_id.field}}` in a scripted text is filled from that call's observed data,
+# so a script can answer with values only the tools know (a date, an id).
+_PLACEHOLDER = re.compile(r"\{\{([A-Za-z0-9_.-]+)\.([A-Za-z0-9_]+)\}\}")
+
+
+def fill_placeholders(text: str, messages: Sequence[Mapping[str, Any]]) -> str:
+    observed: dict[str, Any] = {}
+    for message in messages:
+        if message.get("role") == "tool":
+            try:
+                body = json.loads(str(message.get("content") or ""))
+            except json.JSONDecodeError:
+                continue
+            if isinstance(body, dict) and isinstance(body.get("data"), dict):
+                observed[str(message.get("tool_call_id"))] = body["data"]
+
+    def value(match: re.Match[str]) -> str:
+        data = observed.get(match.group(1), {})
+        found = data.get(match.group(2))
+        return match.group(0) if found is None else str(found)
+
+    return _PLACEHOLDER.sub(value, text)
 
 
 def reply_from_entry(entry: ScriptEntry, index: int, model: str) -> ModelReply:
@@ -90,4 +114,6 @@ class ScriptedModel:
             )
         reply = self._replies[self.calls]
         self.calls += 1
+        if reply.text and "{{" in reply.text:
+            reply = replace(reply, text=fill_placeholders(reply.text, messages))
         return reply

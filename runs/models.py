@@ -1,0 +1,188 @@
+"""Agents, runs, their steps and tool calls (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+
+from controlplane.models import Tenant
+from runs.tools.shop_models import Refund, Replacement, ShopOrder
+
+__all__ = ["Agent", "Refund", "Replacement", "Run", "ShopOrder", "Step", "ToolCall"]
+
+
+class Agent(models.Model):
+    """A named configuration: model, system prompt, tools, caps and evaluator."""
+
+    class Adapter(models.TextChoices):
+        SCRIPTED = "scripted"
+        OPENAI = "openai"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agents")
+    slug = models.SlugField(max_length=64)
+    name = models.CharField(max_length=200)
+    model_adapter = models.CharField(max_length=16, choices=Adapter.choices)
+    model = models.CharField(max_length=200)
+    # OpenAI-compatible endpoint; the key comes from the environment variable named
+    # here, so no secret is stored with the agent or shown to the model.
+    base_url = models.CharField(max_length=500, blank=True)
+    api_key_env = models.CharField(max_length=100, blank=True)
+    system_prompt = models.TextField(blank=True)
+    tool_names = models.JSONField(default=list)
+    default_limits = models.JSONField(default=dict)
+    evaluator = models.CharField(max_length=100, blank=True)
+    script = models.JSONField(default=list, blank=True)  # scripted adapter's replies
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "slug"], name="agent_slug_per_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        WAITING_APPROVAL = "waiting_approval"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        UNVERIFIED = "unverified"
+        BUDGET_EXHAUSTED = "budget_exhausted"
+        POLICY_BLOCKED = "policy_blocked"
+        CANCELLED = "cancelled"
+
+    TERMINAL = frozenset(
+        {
+            Status.SUCCEEDED,
+            Status.FAILED,
+            Status.UNVERIFIED,
+            Status.BUDGET_EXHAUSTED,
+            Status.POLICY_BLOCKED,
+            Status.CANCELLED,
+        }
+    )
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="runs")
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    input = models.TextField()
+    status = models.CharField(
+        max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True
+    )
+    stop_reason = models.CharField(max_length=32, blank=True)
+    stop_detail = models.TextField(blank=True)
+    limits = models.JSONField(default=dict)
+    steps = models.PositiveIntegerField(default=0)
+    tool_calls = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal(0))
+    # Engine state between steps: transcript, usage, no-progress window.
+    engine_state = models.JSONField(default=dict)
+    final_answer = models.TextField(blank=True)
+    evaluation = models.JSONField(null=True, blank=True)
+    # Single writer: `version` moves on every write; the lease says who may write.
+    version = models.PositiveIntegerField(default=0)
+    step_token = models.UUIDField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=64, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    trace_id = models.CharField(max_length=32, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "status", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"run {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in self.TERMINAL
+
+
+class Step(models.Model):
+    """One model call and what it proposed, recorded before any tool runs."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="step_rows")
+    index = models.PositiveIntegerField()
+    provider = models.CharField(max_length=32, blank=True)
+    provider_request_id = models.CharField(max_length=200, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    finish_reason = models.CharField(max_length=32, blank=True)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal(0))
+    reply = models.JSONField(default=dict)  # the raw reply, replayable
+    action = models.JSONField(default=dict)  # what the host decoded from it
+    error = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["index"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "index"], name="one_step_per_index")
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.index} of {self.run_id}"
+
+
+class ToolCall(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        WAITING_APPROVAL = "waiting_approval"
+        APPROVED = "approved"
+        EXECUTING = "executing"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        REFUSED = "refused"  # lookup, validation or budget said no: never executed
+        DENIED = "denied"  # policy or a reviewer said no: never executed
+        UNKNOWN = "unknown"  # a crashed write whose outcome the host cannot know
+        CANCELLED = "cancelled"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_call_rows")
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="tool_calls")
+    position = models.PositiveIntegerField()
+    call_id = models.CharField(max_length=200)
+    tool_name = models.CharField(max_length=200)
+    args = models.JSONField(default=dict)
+    raw_args = models.TextField(blank=True)
+    args_sha256 = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=64)
+    effect = models.CharField(max_length=32, blank=True)
+    status = models.CharField(
+        max_length=20, choices=Status.choices, default=Status.PENDING
+    )
+    attempts = models.PositiveSmallIntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)  # the result envelope
+    observation = models.JSONField(null=True, blank=True)  # what the model saw
+    artifact = models.JSONField(null=True, blank=True)  # full output when bounded
+    sandbox_result = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["step__index", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "call_id"], name="one_call_per_id")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} ({self.status})"

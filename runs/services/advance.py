@@ -1,0 +1,463 @@
+"""One step of a run, as the lease holder (DESIGN.md §4).
+
+A task either resolves the open tool calls of the last assistant turn (after an
+approval or a crash) or asks the model for the next action, persists it, then runs
+its calls in order. Every result is persisted, together with the transcript, before
+anything else happens; a call is marked `executing` (committed) before its handler
+runs, so after a crash the host knows which calls may have taken effect.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs.engine.actions import (
+    FinalAnswer,
+    InvalidReply,
+    ModelReply,
+    ToolCall,
+    ToolCallsAction,
+    decode_reply,
+)
+from runs.engine.adapters import ModelError
+from runs.engine.budget import charge_model_call
+from runs.engine.envelope import ToolResult
+from runs.engine.evaluator import EvaluationSubject, run_evaluator
+from runs.engine.loop import EngineState
+from runs.engine.policy import PolicyContext
+from runs.engine.step import (
+    GateVerdict,
+    ModelCallPlan,
+    approval_denied_result,
+    billable_usage,
+    call_model,
+    check_progress,
+    close_open_calls,
+    execute_call,
+    gate_tool_call,
+    pending_tool_calls,
+    plan_model_call,
+    record_reply,
+    record_result,
+)
+from runs.engine.stop import StopReason, terminal_status
+from runs.engine.tools import may_rerun_after_crash, unknown_outcome_result
+from runs.failpoints import failpoint
+from runs.models import Run, Step, ToolCall as ToolCallRow
+from runs.runtime import RunRuntime, runtime_for
+from runs.services.lifecycle import (
+    LeaseLost,
+    counters_from_state,
+    lease_acquire,
+    lease_release,
+    run_finish_fields,
+    run_save,
+    step_enqueue,
+)
+
+logger = logging.getLogger(__name__)
+
+FINAL_CALL_STATUSES = {
+    ToolCallRow.Status.SUCCEEDED,
+    ToolCallRow.Status.FAILED,
+    ToolCallRow.Status.REFUSED,
+    ToolCallRow.Status.DENIED,
+    ToolCallRow.Status.UNKNOWN,
+    ToolCallRow.Status.CANCELLED,
+}
+
+
+class StepEnded(Exception):
+    """The run stopped (finished or is waiting) inside the step."""
+
+    def __init__(self, outcome: str) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+@dataclass
+class StepContext:
+    run: Run
+    state: EngineState
+    runtime: RunRuntime
+    started: float
+    base_wall_seconds: float
+
+    def elapsed(self) -> float:
+        return self.base_wall_seconds + time.monotonic() - self.started
+
+    def checkpoint(self, **changes: Any) -> None:
+        """Persist the engine state and counters (CAS as the lease holder)."""
+        self.state.usage = self.state.usage.with_wall_seconds(self.elapsed())
+        run_save(
+            self.run,
+            engine_state=self.state.to_dict(),
+            **counters_from_state(self.state),
+            **changes,
+        )
+
+
+def run_advance(*, run_id: str, step_token: str, owner: str) -> str:
+    """Advance the run by one step; a stale or duplicate delivery is a no-op.
+
+    Returns what happened: skipped, continued, waiting, finished or lease_lost.
+    """
+    run = lease_acquire(run_id=run_id, step_token=step_token, owner=owner)
+    if run is None:
+        return "skipped"
+    state = EngineState.from_dict(run.engine_state)
+    ctx = StepContext(
+        run=run,
+        state=state,
+        runtime=runtime_for(run, replies_consumed=run.step_rows.count()),
+        started=time.monotonic(),
+        base_wall_seconds=state.usage.wall_seconds,
+    )
+    try:
+        _step(ctx)
+        _continue(ctx)
+        return "continued"
+    except StepEnded as ended:
+        return ended.outcome
+    except LeaseLost:
+        logger.warning("run %s: lease lost; this step stops here", run_id)
+        return "lease_lost"
+    except Exception:
+        logger.exception("run %s: internal error in a step", run_id)
+        try:
+            _finish(ctx, StopReason.INTERNAL_ERROR, detail="internal error")
+        except (StepEnded, LeaseLost):
+            pass
+        return "finished"
+    finally:
+        lease_release(run)
+
+
+def _step(ctx: StepContext) -> None:
+    _stop_if_cancelled(ctx)
+    open_calls = pending_tool_calls(ctx.state.transcript)
+    if open_calls:
+        step = ctx.run.step_rows.order_by("-index").first()
+        assert step is not None, "open calls without a recorded step"
+        _run_calls(ctx, step, open_calls)
+        _after_calls(ctx, step)
+        return
+    step, action = _ask_model(ctx)
+    if isinstance(action, FinalAnswer):
+        ctx.state.final_text = action.text
+        _finish(ctx, StopReason.DONE)
+    if isinstance(action, ToolCallsAction):
+        _run_calls(ctx, step, list(action.calls))
+    _after_calls(ctx, step)
+
+
+def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
+    state, runtime = ctx.state, ctx.runtime
+    state.usage = state.usage.with_wall_seconds(ctx.elapsed())
+    messages = state.transcript.messages
+    tools = runtime.registry.model_tools()
+    plan = plan_model_call(
+        state.usage,
+        runtime.limits,
+        messages,
+        tools,
+        reserve_output_tokens=runtime.config.reserve_output_tokens,
+        price=runtime.config.price,
+    )
+    if not isinstance(plan, ModelCallPlan):
+        _finish(ctx, plan, detail=f"refused before the model call: {plan}")
+    started_at = timezone.now()
+    reply = call_model(runtime.model, messages, tools, plan)
+    if isinstance(reply, ModelError):
+        _finish(ctx, StopReason.MODEL_ERROR, detail=str(reply))
+    assert isinstance(reply, ModelReply)
+    usage = billable_usage(reply, plan)
+    state.usage = charge_model_call(
+        state.usage, usage.input_tokens, usage.output_tokens, runtime.config.price
+    )
+    action = record_reply(state.transcript, reply)
+    with transaction.atomic():
+        step = Step.objects.create(
+            run=ctx.run,
+            index=ctx.run.step_rows.count(),
+            provider=reply.provider,
+            provider_request_id=reply.provider_request_id or "",
+            model=reply.model,
+            finish_reason=reply.finish_reason,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost=runtime.config.price.cost(usage.input_tokens, usage.output_tokens),
+            reply=reply.to_dict(),
+            action=_action_record(action),
+            started_at=started_at,
+            finished_at=timezone.now(),
+        )
+        if isinstance(action, ToolCallsAction):
+            for position, call in enumerate(action.calls):
+                tool = runtime.registry.get(call.name)
+                ToolCallRow.objects.create(
+                    run=ctx.run,
+                    step=step,
+                    position=position,
+                    call_id=call.call_id,
+                    tool_name=call.name,
+                    args=dict(call.arguments) if call.parse_error is None else {},
+                    raw_args=call.raw_arguments,
+                    args_sha256=call.arguments_sha256,
+                    idempotency_key=_idempotency_key(ctx, call),
+                    effect=str(tool.contract.effective_effect) if tool else "",
+                )
+        # The assistant's action is on record before any tool runs.
+        ctx.checkpoint()
+    failpoint("after_action_persisted")
+    return step, action
+
+
+def _idempotency_key(ctx: StepContext, call: ToolCall) -> str:
+    from runs.engine.tools import idempotency_key_for
+
+    return idempotency_key_for(str(ctx.run.id), call.call_id)
+
+
+def _action_record(action: Any) -> dict[str, Any]:
+    if isinstance(action, FinalAnswer):
+        return {"type": "final_answer", "text": action.text}
+    if isinstance(action, InvalidReply):
+        return {"type": "invalid", "reason": action.reason}
+    return {
+        "type": "tool_calls",
+        "text": action.text,
+        "calls": [call.to_dict() for call in action.calls],
+    }
+
+
+def _run_calls(ctx: StepContext, step: Step, calls: list[ToolCall]) -> None:
+    rows = {row.call_id: row for row in step.tool_calls.all()}
+    for call in calls:
+        _stop_if_cancelled(ctx)
+        row = rows[call.call_id]
+        if row.status in FINAL_CALL_STATUSES and row.result is not None:
+            # Its result was stored but the transcript was not: replay, never re-run.
+            _record(ctx, row, call, ToolResult.from_dict(row.result), row.status)
+            continue
+        if row.status == ToolCallRow.Status.EXECUTING:
+            _recover_interrupted(ctx, row, call)
+            continue
+        if row.status in (ToolCallRow.Status.WAITING_APPROVAL, ToolCallRow.Status.APPROVED):
+            _resume_after_approval(ctx, row, call)
+            continue
+        _gate_and_run(ctx, row, call)
+
+
+def _gate_and_run(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
+    runtime = ctx.runtime
+    gate = gate_tool_call(
+        call,
+        runtime.registry,
+        runtime.policy,
+        PolicyContext(
+            run_id=str(ctx.run.id),
+            tenant_id=str(ctx.run.tenant_id),
+            agent_name=ctx.run.agent.slug,
+        ),
+    )
+    if gate.verdict is GateVerdict.REFUSE:
+        assert gate.result is not None
+        _record(ctx, row, call, gate.result, ToolCallRow.Status.REFUSED)
+        return
+    if gate.verdict is GateVerdict.DENY:
+        assert gate.result is not None
+        _record(ctx, row, call, gate.result, ToolCallRow.Status.DENIED)
+        detail = gate.decision.reason if gate.decision else "denied by policy"
+        _finish(ctx, StopReason.POLICY_DENIED, detail=detail)
+    if gate.verdict is GateVerdict.NEEDS_APPROVAL:
+        assert gate.decision is not None
+        _wait_for_approval(ctx, row, call, gate.decision.to_dict())
+    _execute(ctx, row, call)
+
+
+def _wait_for_approval(
+    ctx: StepContext, row: ToolCallRow, call: ToolCall, decision: dict[str, Any]
+) -> None:
+    from approvals.services import approval_request_open
+
+    with transaction.atomic():
+        approval_request_open(tool_call=row, decision=decision)
+        ToolCallRow.objects.filter(id=row.id).update(
+            status=ToolCallRow.Status.WAITING_APPROVAL
+        )
+        # The task ends here: a waiting run holds no worker, process or sandbox.
+        ctx.checkpoint(
+            status=Run.Status.WAITING_APPROVAL, step_token=None, lease_owner=""
+        )
+    raise StepEnded("waiting")
+
+
+def _resume_after_approval(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
+    from approvals.services import approval_outcome_for
+
+    outcome = approval_outcome_for(tool_call=row)
+    if outcome.pending:
+        with transaction.atomic():
+            ctx.checkpoint(
+                status=Run.Status.WAITING_APPROVAL, step_token=None, lease_owner=""
+            )
+        raise StepEnded("waiting")
+    if not outcome.approved:
+        result = approval_denied_result(call.name, outcome.reason)
+        _record(ctx, row, call, result, ToolCallRow.Status.DENIED)
+        return
+    ToolCallRow.objects.filter(id=row.id).update(status=ToolCallRow.Status.APPROVED)
+    _execute(ctx, row, call)
+
+
+def _recover_interrupted(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
+    """A call was `executing` when its worker died: re-run only what is safe."""
+    tool = ctx.runtime.registry.get(call.name)
+    if tool is not None and may_rerun_after_crash(tool.contract):
+        logger.info("run %s: re-running %s after a crash", ctx.run.id, call.name)
+        _execute(ctx, row, call)
+        return
+    _record(ctx, row, call, unknown_outcome_result(call.name), ToolCallRow.Status.UNKNOWN)
+
+
+def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
+    tool = ctx.runtime.registry.get(call.name)
+    assert tool is not None
+    # Committed before the handler runs: after a crash this says "may have happened".
+    ToolCallRow.objects.filter(id=row.id).update(
+        status=ToolCallRow.Status.EXECUTING,
+        started_at=timezone.now(),
+        attempts=row.attempts + 1,
+    )
+    failpoint("before_tool_execute")
+    ctx.state.usage = ctx.state.usage.with_wall_seconds(ctx.elapsed())
+    outcome = execute_call(
+        tool,
+        call,
+        ctx.state.usage,
+        ctx.runtime.limits,
+        run_id=str(ctx.run.id),
+        tenant_id=str(ctx.run.tenant_id),
+        timeout_seconds=ctx.runtime.config.tool_timeout_seconds,
+    )
+    failpoint("after_tool_execute")
+    ctx.state.usage = outcome.usage
+    if not outcome.executed:
+        _record(ctx, row, call, outcome.result, ToolCallRow.Status.REFUSED)
+        assert outcome.stop_reason is not None
+        _finish(ctx, outcome.stop_reason, detail=f"refused before {call.name}")
+    status = ToolCallRow.Status.SUCCEEDED if outcome.result.ok else ToolCallRow.Status.FAILED
+    _record(ctx, row, call, outcome.result, status)
+
+
+def _record(
+    ctx: StepContext, row: ToolCallRow, call: ToolCall, result: ToolResult, status: str
+) -> None:
+    """Bound the result into the transcript and persist both in one transaction."""
+    observation, artifact = record_result(
+        ctx.state.transcript,
+        call,
+        result,
+        observation_chars=ctx.runtime.config.observation_chars,
+    )
+    sandbox = next(
+        (ref["result"] for ref in result.refs if ref.get("kind") == "sandbox_result"),
+        None,
+    )
+    with transaction.atomic():
+        ToolCallRow.objects.filter(id=row.id).update(
+            status=status,
+            result=result.to_dict(),
+            observation={
+                "content": observation.content,
+                "truncated": observation.truncated,
+                "full_size_bytes": observation.full_size_bytes,
+                "sha256": observation.sha256,
+                "trust": observation.trust,
+            },
+            artifact=None
+            if artifact is None
+            else {
+                "sha256": artifact.sha256,
+                "size_bytes": artifact.size_bytes,
+                "media_type": artifact.media_type,
+                "content": artifact.content.decode("utf-8", "replace"),
+            },
+            sandbox_result=sandbox,
+            finished_at=timezone.now(),
+        )
+        ctx.checkpoint()
+    row.status = status
+
+
+def _after_calls(ctx: StepContext, step: Step) -> None:
+    action = decode_reply(ModelReply.from_dict(step.reply))
+    results = [
+        ToolResult.from_dict(row.result)
+        for row in step.tool_calls.all()
+        if row.result is not None
+    ]
+    reason = check_progress(ctx.state.progress, action, results)
+    if reason is not None:
+        _finish(ctx, reason, detail="the same action and observation repeated")
+
+
+def _stop_if_cancelled(ctx: StepContext) -> None:
+    requested = (
+        Run.objects.filter(id=ctx.run.id)
+        .values_list("cancel_requested", flat=True)
+        .first()
+    )
+    if requested:
+        _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
+
+
+def _finish(ctx: StepContext, reason: StopReason, *, detail: str = "") -> None:
+    """End the run with the host's verdict; never returns."""
+    state = ctx.state
+    evaluation = None
+    if reason is StopReason.DONE and ctx.runtime.evaluator is not None:
+        subject = EvaluationSubject(
+            str(ctx.run.id),
+            ctx.run.input,
+            state.final_text or "",
+            state.transcript.to_list(),
+        )
+        evaluation = run_evaluator(ctx.runtime.evaluator, subject)
+    if reason is not StopReason.DONE:
+        close_open_calls(state.transcript, f"the run stopped ({reason})")
+    status = str(terminal_status(reason, evaluation))
+    state.usage = state.usage.with_wall_seconds(ctx.elapsed())
+    with transaction.atomic():
+        ToolCallRow.objects.filter(
+            run=ctx.run,
+            status__in=[ToolCallRow.Status.PENDING, ToolCallRow.Status.WAITING_APPROVAL,
+                        ToolCallRow.Status.APPROVED],
+        ).update(status=ToolCallRow.Status.CANCELLED, finished_at=timezone.now())  # fmt: skip
+        ctx.checkpoint(
+            step_token=None,
+            lease_owner="",
+            **run_finish_fields(
+                state,
+                reason,
+                status,
+                detail=detail,
+                evaluation=None if evaluation is None else evaluation.to_dict(),
+            ),
+        )
+    raise StepEnded("finished")
+
+
+def _continue(ctx: StepContext) -> None:
+    """Release the lease and enqueue the next step in one commit."""
+    with transaction.atomic():
+        ctx.checkpoint(lease_owner="", lease_expires_at=None)
+        step_enqueue(ctx.run)

@@ -1,0 +1,252 @@
+"""Start, cancel, resume and finish runs; the lease that makes one worker the writer."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.models import Tenant
+from controlplane.services import audit_record
+from runs.engine.budget import BudgetLimits
+from runs.engine.loop import AgentConfig, EngineState
+from runs.engine.step import close_open_calls
+from runs.engine.stop import StopReason
+from runs.models import Agent, Run, ToolCall
+from runs.runtime import effective_limits
+
+
+class RunInputError(ValueError):
+    """The request to start a run is invalid; nothing was written."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class RunConflict(Exception):
+    """The run is not in a state that allows this; carries the current run."""
+
+    def __init__(self, run: Run, message: str) -> None:
+        super().__init__(message)
+        self.run = run
+
+
+def step_enqueue(run: Run) -> None:
+    """Give the run a new step token and enqueue its next step after commit.
+
+    The token makes a stale or duplicate delivery a no-op (it no longer matches).
+    """
+    from runs.tasks import advance_run_task
+
+    token = uuid.uuid4()
+    Run.objects.filter(id=run.id).update(step_token=token, version=F("version") + 1)
+    run.step_token = token
+    run.version += 1
+    run_id = str(run.id)
+    transaction.on_commit(
+        lambda: advance_run_task.delay(run_id=run_id, step_token=str(token))
+    )
+
+
+@transaction.atomic
+def run_start(
+    *,
+    tenant: Tenant,
+    agent_slug: str,
+    input: str,
+    started_by: User | None,
+    limits: dict[str, Any] | None = None,
+) -> Run:
+    agent = Agent.objects.filter(tenant=tenant, slug=agent_slug).first()
+    if agent is None:
+        raise RunInputError("agent", f"no agent {agent_slug!r} in this tenant")
+    if not input.strip():
+        raise RunInputError("input", "the input is empty")
+    if len(input) > settings.RUN_MAX_INPUT_CHARS:
+        raise RunInputError(
+            "input",
+            f"the input has {len(input)} characters; the limit is "
+            f"{settings.RUN_MAX_INPUT_CHARS}",
+        )
+    try:
+        caps = effective_limits(agent, limits or {})
+    except ValueError as exc:
+        raise RunInputError("limits", str(exc)) from exc
+    state = EngineState.start(AgentConfig(name=agent.slug, system_prompt=agent.system_prompt), input)
+    run = Run.objects.create(
+        tenant=tenant,
+        agent=agent,
+        input=input,
+        started_by=started_by,
+        limits=caps.to_dict(),
+        engine_state=state.to_dict(),
+        trace_id=uuid.uuid4().hex,
+    )
+    audit_record(
+        tenant=tenant,
+        actor=started_by,
+        action="run.start",
+        object_type="run",
+        object_id=str(run.id),
+        after={"agent": agent.slug, "limits": caps.to_dict()},
+    )
+    step_enqueue(run)
+    return run
+
+
+def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Run | None:
+    """Take the run's lease by compare-and-set on `version`; None if not ours to take.
+
+    A delivery whose token is stale, a run already finished or waiting, or a lease
+    held (and not expired) by another delivery: nothing happens.
+    """
+    run = Run.objects.select_related("agent", "tenant").filter(id=run_id).first()
+    if run is None or str(run.step_token) != step_token:
+        return None
+    if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
+        return None
+    now = timezone.now()
+    held = run.lease_owner and run.lease_owner != owner
+    if held and run.lease_expires_at and run.lease_expires_at > now:
+        return None
+    expires = now + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    changes: dict[str, Any] = {
+        "lease_owner": owner,
+        "lease_expires_at": expires,
+        "status": Run.Status.RUNNING,
+        "version": run.version + 1,
+    }
+    if run.started_at is None:
+        changes["started_at"] = now
+    won = Run.objects.filter(id=run.id, version=run.version).update(**changes)
+    if not won:
+        return None
+    for name, value in changes.items():
+        setattr(run, name, value)
+    return run
+
+
+class LeaseLost(Exception):
+    """Another writer took the run; this step stops before writing anything more."""
+
+
+def run_save(run: Run, **changes: Any) -> None:
+    """Write run fields as the lease holder (CAS on version); raises LeaseLost."""
+    changes["version"] = run.version + 1
+    changes.setdefault(
+        "lease_expires_at",
+        timezone.now() + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
+    )
+    changes["updated_at"] = timezone.now()
+    won = Run.objects.filter(
+        id=run.id, version=run.version, lease_owner=run.lease_owner
+    ).update(**changes)
+    if not won:
+        raise LeaseLost(str(run.id))
+    for name, value in changes.items():
+        setattr(run, name, value)
+
+
+def lease_release(run: Run) -> None:
+    Run.objects.filter(id=run.id, lease_owner=run.lease_owner).update(
+        lease_owner="", lease_expires_at=None
+    )
+
+
+def counters_from_state(state: EngineState) -> dict[str, Any]:
+    usage = state.usage
+    return {
+        "steps": usage.steps,
+        "tool_calls": usage.tool_calls,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cost": usage.cost,
+    }
+
+
+def run_finish_fields(
+    state: EngineState,
+    reason: StopReason,
+    status: str,
+    *,
+    detail: str = "",
+    evaluation: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The fields that end a run (the caller also saves state and counters)."""
+    state.stop_reason = reason
+    return {
+        "status": status,
+        "stop_reason": str(reason),
+        "stop_detail": detail,
+        "final_answer": state.final_text or "",
+        "evaluation": evaluation,
+        "finished_at": timezone.now(),
+    }
+
+
+@transaction.atomic
+def run_cancel(*, run: Run, actor: User | None) -> Run:
+    """Cancel a run; a finished run is a conflict. A run in a step stops at its
+    next phase boundary; a queued or waiting run stops now and frees its slot."""
+    locked = Run.objects.select_for_update().get(id=run.id)
+    if locked.is_terminal:
+        raise RunConflict(locked, f"the run already ended as {locked.status}")
+    audit_record(
+        tenant=locked.tenant,
+        actor=actor,
+        action="run.cancel",
+        object_type="run",
+        object_id=str(locked.id),
+        before={"status": locked.status},
+    )
+    if locked.status == Run.Status.RUNNING and locked.lease_owner:
+        Run.objects.filter(id=locked.id).update(
+            cancel_requested=True, version=F("version") + 1
+        )
+        locked.refresh_from_db()
+        return locked
+    state = EngineState.from_dict(locked.engine_state)
+    close_open_calls(state.transcript, "the run was cancelled")
+    ToolCall.objects.filter(
+        run=locked,
+        status__in=[ToolCall.Status.PENDING, ToolCall.Status.WAITING_APPROVAL,
+                    ToolCall.Status.APPROVED],
+    ).update(status=ToolCall.Status.CANCELLED, finished_at=timezone.now())  # fmt: skip
+    _approvals_cancel(locked)
+    Run.objects.filter(id=locked.id).update(
+        cancel_requested=True,
+        version=F("version") + 1,
+        step_token=None,
+        engine_state=state.to_dict(),
+        **counters_from_state(state),
+        **run_finish_fields(state, StopReason.CANCELLED, Run.Status.CANCELLED),
+    )
+    locked.refresh_from_db()
+    return locked
+
+
+def _approvals_cancel(run: Run) -> None:
+    from approvals.services import approval_requests_cancel_for_run
+
+    approval_requests_cancel_for_run(run=run)
+
+
+@transaction.atomic
+def run_resume(*, run_id: str) -> None:
+    """A decision ended the wait: queue the run's next step (holding nothing before)."""
+    updated = Run.objects.filter(id=run_id, status=Run.Status.WAITING_APPROVAL).update(
+        status=Run.Status.QUEUED, version=F("version") + 1
+    )
+    if updated:
+        step_enqueue(Run.objects.get(id=run_id))
+
+
+def limits_of(run: Run) -> BudgetLimits:
+    return BudgetLimits.from_dict(run.limits)

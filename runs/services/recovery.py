@@ -1,0 +1,39 @@
+"""Runs whose worker vanished get a new step: the periodic safety net under leases."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from runs.models import Run
+from runs.services.lifecycle import step_enqueue
+
+logger = logging.getLogger(__name__)
+
+
+def recover_stalled_runs() -> int:
+    """Re-enqueue running runs with an expired lease and queued runs whose task was
+    lost; the new step token turns any late original delivery into a no-op."""
+    now = timezone.now()
+    stale = now - dt.timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    candidates = Run.objects.filter(
+        Q(status=Run.Status.RUNNING, lease_expires_at__lt=now)
+        | Q(status=Run.Status.RUNNING, lease_owner="", updated_at__lt=stale)
+        | Q(status=Run.Status.QUEUED, updated_at__lt=stale)
+    ).values_list("id", "version")
+    recovered = 0
+    for run_id, version in candidates:
+        with transaction.atomic():
+            won = Run.objects.filter(id=run_id, version=version).update(
+                lease_owner="", lease_expires_at=None, version=version + 1
+            )
+            if won:
+                step_enqueue(Run.objects.get(id=run_id))
+                recovered += 1
+                logger.warning("run %s: no live worker; enqueued its next step", run_id)
+    return recovered

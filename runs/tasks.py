@@ -1,0 +1,25 @@
+"""Celery tasks for runs: thin, idempotent, ids in, enqueued on commit."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from runs.services import recover_stalled_runs, run_advance
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+def advance_run_task(self, *, run_id: str, step_token: str) -> str:  # type: ignore[no-untyped-def]
+    """Advance the run by one step; a duplicate or stale delivery is a no-op.
+
+    The delivery's task id is the lease owner, so the redelivery of a task whose
+    worker died takes the run over at once instead of waiting out the lease.
+    """
+    return run_advance(
+        run_id=run_id, step_token=step_token, owner=self.request.id or step_token
+    )
+
+
+@shared_task
+def recover_stalled_runs_task() -> int:
+    """Re-enqueue runs whose worker vanished (lease expired, or enqueue lost)."""
+    return recover_stalled_runs()

@@ -1,0 +1,117 @@
+"""`run_code`: run a Python snippet in the sandbox runner; its result is the
+observation. Nothing of the worker (environment, files, network) reaches it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from runs.engine.contracts import Effect, Idempotency, ToolContract, ToolSource
+from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
+from runs.engine.tools import Tool, ToolContext
+from runs.sandbox import (
+    Limits,
+    SandboxSettings,
+    SandboxSpec,
+    SandboxSpecError,
+    SandboxUnavailable,
+    run_in_sandbox,
+    workspace_create,
+    workspace_release,
+)
+
+SCRIPT_NAME = "main.py"
+ERROR_CODES = {code.value for code in ErrorCode}
+
+
+def sandbox_settings() -> SandboxSettings:
+    root = Path(settings.SANDBOX_ROOT)
+    return SandboxSettings(
+        workspace_root=root / "workspaces",
+        state_dir=root / "state",
+        required_layers=frozenset(settings.SANDBOX_REQUIRED_LAYERS),
+    )
+
+
+def run_code(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    config = sandbox_settings()
+    try:
+        workspace = workspace_create(settings=config, label="run-code")
+    except OSError as exc:
+        raise ToolFailure(ErrorCode.EINTERNAL, f"no sandbox workspace: {exc}") from exc
+    try:
+        script = workspace / SCRIPT_NAME
+        script.write_text(arguments["code"])
+        script.chmod(0o644)
+        spec = SandboxSpec(
+            argv=[config.python, "-I", SCRIPT_NAME],
+            workspace=workspace,
+            env={"LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
+            limits=Limits(
+                wall_seconds=float(arguments.get("timeout_seconds", 10)),
+                cpu_seconds=10.0,
+                memory_mb=256,
+                pids=32,
+                output_bytes=settings.SANDBOX_OUTPUT_BYTES,
+            ),
+        )
+        try:
+            outcome = run_in_sandbox(spec, config)
+        except SandboxUnavailable as exc:
+            raise ToolFailure(
+                ErrorCode.EACCES,
+                f"the sandbox cannot run here: {exc}",
+                retryable=False,
+                suggested_action="do_not_retry_ask_an_operator",
+            ) from exc
+        except SandboxSpecError as exc:
+            raise ToolFailure(ErrorCode.EINVAL, str(exc)) from exc
+    finally:
+        workspace_release(workspace, settings=config)
+    report = outcome.to_dict()
+    data = {
+        key: report[key]
+        for key in ("exit_code", "signal_name", "termination_cause", "stdout",
+                    "stderr", "stdout_truncated", "output_limited", "duration_ms")
+    }  # fmt: skip
+    refs = ({"kind": "sandbox_result", "result": report},)
+    if outcome.ok:
+        return ToolResult.success(data, refs=refs)
+    code = outcome.error if outcome.error in ERROR_CODES else "EINTERNAL"
+    if outcome.error is None:
+        message = f"the program ended with {outcome.termination_cause}"
+        if outcome.exit_code is not None:
+            message += f" (exit code {outcome.exit_code})"
+        code = "EINVAL"  # a failing program: the model can fix its code
+    else:
+        message = outcome.detail or outcome.error
+    return ToolResult.failure(
+        ErrorCode(code), message, retryable=outcome.retryable, data=data, refs=refs
+    )
+
+
+RUN_CODE_TOOL = Tool(
+    ToolContract(
+        name="run_code",
+        description=(
+            "Run a short Python 3 program in an isolated sandbox with no network and "
+            "a throwaway workspace; returns its exit status, stdout and stderr."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "minLength": 1, "maxLength": 100_000},
+                "timeout_seconds": {"type": "integer", "minimum": 1, "maximum": 60},
+            },
+            "required": ["code"],
+        },
+        # Its only effects stay inside a throwaway workspace with no network.
+        effect=Effect.READ_ONLY,
+        idempotency=Idempotency.NATURAL,
+        source=ToolSource.BUILTIN,
+    ),
+    run_code,
+    timeout_seconds=None,  # the sandbox's own wall clock kills the whole tree
+)

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runs.demo import demo_seed_shop
+from runs.models import Agent, Run
+from runs.services import run_advance
+
+
+@pytest.fixture
+def shop(tenant: Any) -> Any:
+    demo_seed_shop(tenant=tenant)
+    return tenant
+
+
+@pytest.fixture
+def demo_agent(shop: Any) -> Agent:
+    return Agent.objects.get(tenant=shop, slug="kettlecraft-support")
+
+
+@pytest.fixture
+def scripted_agent(tenant: Any) -> Any:
+    """Build an agent on the scripted model with the given replies and tools."""
+
+    def build(script: list[dict[str, Any]], tools: list[str], **fields: Any) -> Agent:
+        return Agent.objects.create(
+            tenant=tenant,
+            slug=fields.pop("slug", "scripted"),
+            name="Scripted",
+            model_adapter="scripted",
+            model="scripted",
+            tool_names=tools,
+            script=script,
+            **fields,
+        )
+
+    return build
+
+
+def drive(run: Run, *, max_tasks: int = 200) -> Run:
+    """Advance the run task by task, in this process, until it ends or waits."""
+    for _ in range(max_tasks):
+        run.refresh_from_db()
+        if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
+            return run
+        outcome = run_advance(
+            run_id=str(run.id), step_token=str(run.step_token), owner="test-driver"
+        )
+        assert outcome != "skipped", f"a step was skipped in state {run.status}"
+    raise AssertionError("the run did not settle")
+
+
+@pytest.fixture
+def drive_run() -> Any:
+    return drive

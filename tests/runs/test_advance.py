@@ -1,0 +1,97 @@
+"""The run engine on the Django side, driven task by task in this process."""
+
+from __future__ import annotations
+
+from approvals.models import ApprovalRequest
+from approvals.services import approval_decide
+from runs.models import Run, Step, ToolCall
+from runs.services import run_advance, run_start
+from runs.tools.shop_models import Replacement
+
+
+def test_demo_run_waits_for_approval_then_succeeds_with_one_replacement(
+    demo_agent, operator_user, drive_run
+):
+    run = run_start(
+        tenant=demo_agent.tenant,
+        agent_slug="kettlecraft-support",
+        input="order 4821 arrived damaged",
+        started_by=operator_user,
+    )
+    run = drive_run(run)
+    assert run.status == Run.Status.WAITING_APPROVAL
+    assert run.step_token is None and run.lease_owner == ""
+    assert Replacement.objects.count() == 0  # nothing happened before the decision
+    approval = ApprovalRequest.objects.get(run=run)
+    assert approval.tool_name == "create_replacement"
+    assert approval.args_snapshot == {
+        "order_id": "4821",
+        "reason": "arrived with a dented spout",
+    }
+    approval_decide(request=approval, decided_by=operator_user, approve=True)
+    run = drive_run(run)
+    assert run.status == Run.Status.SUCCEEDED, (run.stop_reason, run.stop_detail)
+    assert run.stop_reason == "done"
+    assert Replacement.objects.count() == 1
+    date = Replacement.objects.get().delivery_date.isoformat()
+    assert date in run.final_answer
+    assert run.steps == 4 and run.tool_calls == 3
+    assert Step.objects.filter(run=run).count() == 4
+    assert list(
+        ToolCall.objects.filter(run=run).values_list("tool_name", "status")
+    ) == [
+        ("lookup_order", "succeeded"),
+        ("create_replacement", "succeeded"),
+        ("get_delivery_date", "succeeded"),
+    ]
+
+
+def test_denied_replacement_is_observed_by_the_model_and_nothing_is_shipped(
+    demo_agent, operator_user, drive_run
+):
+    run = run_start(
+        tenant=demo_agent.tenant,
+        agent_slug="kettlecraft-support",
+        input="order 4821",
+        started_by=operator_user,
+    )
+    run = drive_run(run)
+    approval = ApprovalRequest.objects.get(run=run)
+    approval_decide(
+        request=approval, decided_by=operator_user, approve=False, reason="fraud check"
+    )
+    run = drive_run(run)
+    assert Replacement.objects.count() == 0
+    call = ToolCall.objects.get(run=run, tool_name="create_replacement")
+    assert call.status == "denied"
+    assert call.result["error"]["code"] == "EPERM"
+    assert "fraud check" in call.observation["content"]
+    # The script goes on; the evaluator sees no replacement, so the run failed.
+    assert run.status == Run.Status.FAILED
+    assert run.stop_reason == "done"
+
+
+def test_a_stale_step_token_is_a_no_op(demo_agent, operator_user):
+    run = run_start(
+        tenant=demo_agent.tenant,
+        agent_slug="kettlecraft-support",
+        input="order 4821",
+        started_by=operator_user,
+    )
+    outcome = run_advance(
+        run_id=str(run.id), step_token="00000000-0000-0000-0000-000000000000", owner="x"
+    )
+    assert outcome == "skipped"
+    run.refresh_from_db()
+    assert run.status == Run.Status.QUEUED and run.steps == 0
+    assert not Step.objects.filter(run=run).exists()
+
+
+def test_final_answer_without_an_evaluator_is_unverified(
+    scripted_agent, tenant, drive_run
+):
+    scripted_agent([{"text": "All done!"}], [])
+    run = run_start(tenant=tenant, agent_slug="scripted", input="hi", started_by=None)
+    run = drive_run(run)
+    assert run.status == Run.Status.UNVERIFIED
+    assert run.final_answer == "All done!"
