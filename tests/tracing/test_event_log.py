@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from runs.models import Run
+from runs.services import run_start
+from tracing.models import RunEvent
+from tracing.services import run_event_append
+
+
+@pytest.fixture
+def run(demo_agent: Any) -> Run:
+    return run_start(
+        tenant=demo_agent.tenant,
+        agent_slug=demo_agent.slug,
+        input="hello",
+        started_by=None,
+    )
+
+
+def test_events_get_consecutive_seqs_per_run(run: Run, demo_agent: Any) -> None:
+    other = run_start(
+        tenant=demo_agent.tenant, agent_slug=demo_agent.slug, input="x", started_by=None
+    )
+    first = run_event_append(run=run, type="run.note", payload={"n": 1})
+    second = run_event_append(run=run, type="run.note", payload={"n": 2})
+    elsewhere = run_event_append(run=other, type="run.note", payload={"n": 3})
+    assert (first.seq + 1, elsewhere.seq) == (second.seq, first.seq)
+
+
+def test_a_writer_that_loses_the_seq_takes_the_next_one(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_event_append(run=run, type="run.note", payload={})
+    taken = RunEvent.objects.filter(run=run).count()
+    # A competing writer inserts the seq this writer has just computed.
+    raced: list[RunEvent] = []
+    real_atomic = transaction.atomic
+
+    class RivalFirst:
+        on_commit = staticmethod(transaction.on_commit)
+
+        @staticmethod
+        def atomic() -> Any:
+            if not raced:
+                raced.append(RunEvent.objects.create(run=run, seq=taken + 1, type="r"))
+            return real_atomic()
+
+    monkeypatch.setattr("tracing.services.transaction", RivalFirst)
+    mine = run_event_append(run=run, type="mine", payload={})
+    assert raced[0].seq == taken + 1
+    assert mine.seq == taken + 2
+    assert list(RunEvent.objects.filter(run=run).values_list("seq", flat=True)) == list(
+        range(1, taken + 3)
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_broadcast_follows_the_commit_and_reaches_run_and_tenant(
+    demo_agent: Any,
+) -> None:
+    layer = get_channel_layer()
+    run = run_start(
+        tenant=demo_agent.tenant, agent_slug=demo_agent.slug, input="x", started_by=None
+    )
+    run_channel = async_to_sync(layer.new_channel)()
+    tenant_channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(f"run.{run.id}", run_channel)
+    async_to_sync(layer.group_add)(f"tenant.{run.tenant_id}", tenant_channel)
+    try:
+        with transaction.atomic():
+            event = run_event_append(run=run, type="run.note", payload={"k": "v"})
+            rolled_back = None
+            try:
+                with transaction.atomic():
+                    rolled_back = run_event_append(run=run, type="run.gone", payload={})
+                    raise RuntimeError
+            except RuntimeError:
+                pass
+        got = async_to_sync(layer.receive)(run_channel)
+        assert got["event"]["seq"] == event.seq
+        assert got["event"]["payload"] == {"k": "v"}
+        assert async_to_sync(layer.receive)(tenant_channel)["event"]["seq"] == event.seq
+        assert rolled_back is not None
+        assert not RunEvent.objects.filter(type="run.gone").exists()
+    finally:
+        async_to_sync(layer.group_discard)(f"run.{run.id}", run_channel)
+        async_to_sync(layer.group_discard)(f"tenant.{run.tenant_id}", tenant_channel)

@@ -1,0 +1,93 @@
+"""Spans of a run's trace and the run's append-only event log (DESIGN.md §3, §7)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from controlplane.models import Tenant
+from runs.models import Run
+
+__all__ = ["RunEvent", "Span", "SpanPayload"]
+
+
+class Span(models.Model):
+    """One OpenTelemetry span, stored at start (status running) and updated at end."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        OK = "ok"
+        ERROR = "error"
+        UNSET = "unset"
+        ABANDONED = "abandoned"  # its worker died before ending it
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="spans")
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    parent_span_id = models.CharField(max_length=16, blank=True, db_index=True)
+    name = models.CharField(max_length=300)
+    kind = models.CharField(max_length=16, default="internal")
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.RUNNING
+    )
+    status_message = models.TextField(blank=True)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    attributes = models.JSONField(default=dict)
+    events = models.JSONField(default=list)
+    # name -> SpanPayload.sha256: model input/output, tool arguments/results.
+    payloads = models.JSONField(default=dict)
+    # Who is producing the span and until when; a running span past its lease
+    # is abandoned by recovery.
+    worker = models.CharField(max_length=64, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["trace_id", "span_id"], name="one_span_per_id"
+            )
+        ]
+        indexes = [models.Index(fields=["run", "parent_span_id", "started_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+
+class SpanPayload(models.Model):
+    """A large value (model input/output, tool arguments/results) stored once."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField()
+    content = models.TextField()  # JSON text, already redacted
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "sha256"], name="one_payload_per_hash"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"payload {self.sha256[:12]} ({self.size} bytes)"
+
+
+class RunEvent(models.Model):
+    """One entry of a run's append-only log; `seq` is gapless per run."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="one_event_per_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.seq} of {self.run_id}"

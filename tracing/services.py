@@ -1,0 +1,95 @@
+"""Writes of the run event log: append with the next per-run seq, broadcast."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+
+from runs.models import Run
+from tracing.models import RunEvent
+
+__all__ = [
+    "SeqConflict",
+    "event_message",
+    "run_event_append",
+    "run_event_broadcast",
+    "run_group",
+    "tenant_group",
+]
+
+logger = logging.getLogger(__name__)
+
+# Events of these types also go to the tenant-wide stream (runs list, approvals
+# inbox); span events are many and only the run stream carries them.
+TENANT_EVENT_PREFIXES = ("run.", "approval.", "step.")
+
+_APPEND_ATTEMPTS = 20
+
+
+class SeqConflict(RuntimeError):
+    """Another writer kept taking the next seq; the append gave up."""
+
+
+def run_group(run_id: object) -> str:
+    return f"run.{run_id}"
+
+
+def tenant_group(tenant_id: object) -> str:
+    return f"tenant.{tenant_id}"
+
+
+def event_message(event: RunEvent) -> dict[str, Any]:
+    """The wire form of an event, the same in replay, live stream and REST."""
+    return {
+        "id": event.pk,
+        "run_id": str(event.run_id),
+        "seq": event.seq,
+        "type": event.type,
+        "payload": event.payload,
+        "created_at": event.created_at.isoformat(),
+    }
+
+
+def run_event_append(*, run: Run, type: str, payload: dict[str, Any]) -> RunEvent:
+    """Append an event with the run's next seq and broadcast it once committed.
+
+    The unique (run, seq) constraint decides between concurrent writers: the loser
+    rolls back its savepoint and takes the next number. The caller's transaction,
+    if any, is kept; the broadcast waits for the outermost commit.
+    """
+    for _ in range(_APPEND_ATTEMPTS):
+        last = RunEvent.objects.filter(run_id=run.pk).aggregate(m=Max("seq"))["m"]
+        try:
+            with transaction.atomic():
+                event = RunEvent.objects.create(
+                    run_id=run.pk, seq=(last or 0) + 1, type=type, payload=payload
+                )
+        except IntegrityError:
+            continue
+        transaction.on_commit(
+            functools.partial(run_event_broadcast, event=event, tenant_id=run.tenant_id)
+        )
+        return event
+    raise SeqConflict(f"run {run.pk}: no free seq after {_APPEND_ATTEMPTS} attempts")
+
+
+def run_event_broadcast(*, event: RunEvent, tenant_id: object) -> None:
+    """Send a committed event to the run's group (and the tenant's, for run-level
+    types). The layer is a fast path: a lost message is refilled from the log by
+    the consumer, so a layer failure is logged, never raised."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    message = {"type": "run.event", "event": event_message(event)}
+    try:
+        async_to_sync(layer.group_send)(run_group(event.run_id), message)
+        if event.type.startswith(TENANT_EVENT_PREFIXES):
+            async_to_sync(layer.group_send)(tenant_group(tenant_id), message)
+    except Exception:  # noqa: BLE001 - the log is the record, the layer best effort
+        logger.warning("broadcast of %s failed", event, exc_info=True)
