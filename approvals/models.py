@@ -1,4 +1,4 @@
-"""Approval requests: a risky tool call waits here for a human decision."""
+"""Approval policies per tenant, approval requests and the decisions on them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,58 @@ from django.db import models
 
 from controlplane.models import Tenant
 from runs.models import Run, ToolCall
+
+DEFAULT_APPROVER_ROLES = ["admin", "operator"]
+
+
+def default_approver_roles() -> list[str]:
+    return list(DEFAULT_APPROVER_ROLES)
+
+
+class ApprovalPolicyRule(models.Model):
+    """One ordered rule of a tenant's approval policy; the first match decides."""
+
+    class Action(models.TextChoices):
+        ALLOW = "allow"
+        REQUIRE_APPROVAL = "require_approval"
+        DENY = "deny"
+
+    class Source(models.TextChoices):
+        ANY = "any"
+        TRUSTED = "trusted"  # builtin or trusted registry
+        UNTRUSTED = "untrusted"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="approval_rules"
+    )
+    position = models.PositiveIntegerField(default=0)
+    name = models.CharField(max_length=100)
+    tool = models.CharField(max_length=64, default="*")  # a glob on the tool name
+    effects = models.JSONField(default=list, blank=True)  # empty: any effect
+    source = models.CharField(max_length=16, choices=Source.choices, default="any")
+    conditions = models.JSONField(default=list, blank=True)  # all must hold
+    action = models.CharField(max_length=20, choices=Action.choices)
+    ttl_seconds = models.PositiveIntegerField(null=True, blank=True)
+    approver_roles = models.JSONField(default=default_approver_roles)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    starter_may_approve = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["position", "created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.tool} → {self.action}"
+
+
+class TenantApprovalSettings(models.Model):
+    tenant = models.OneToOneField(
+        Tenant, on_delete=models.CASCADE, related_name="approval_settings"
+    )
+    deny_reason_required = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
 
 
 class ApprovalRequest(models.Model):
@@ -31,23 +83,69 @@ class ApprovalRequest(models.Model):
     )
     tool_name = models.CharField(max_length=200)
     rule = models.CharField(max_length=200)
+    rule_ref = models.ForeignKey(
+        ApprovalPolicyRule,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="requests",
+    )
     rule_reason = models.TextField(blank=True)
+    approver_roles = models.JSONField(default=default_approver_roles)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    starter_may_approve = models.BooleanField(default=True)
     args_snapshot = models.JSONField()
     args_sha256 = models.CharField(max_length=64)
+    original_args = models.JSONField(null=True, blank=True)  # set when edited
+    args_edited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True
     )
     scope = models.CharField(max_length=8, choices=Scope.choices, default=Scope.ONCE)
     requested_at = models.DateTimeField(auto_now_add=True)
-    expires_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
+    version = models.PositiveIntegerField(default=0)  # bumped to serialise deciders
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "status", "requested_at"])]
 
     def __str__(self) -> str:
         return f"approval of {self.tool_name} ({self.status})"
+
+
+class ApprovalDecision(models.Model):
+    """One approver's vote; a request needs `approvals_required` distinct ones."""
+
+    class Decision(models.TextChoices):
+        APPROVE = "approve"
+        DENY = "deny"
+
+    request = models.ForeignKey(
+        ApprovalRequest, on_delete=models.CASCADE, related_name="decisions"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    decision = models.CharField(max_length=8, choices=Decision.choices)
+    reason = models.TextField(blank=True)
+    args_sha256 = models.CharField(max_length=64)  # the arguments this vote was for
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["request", "user"], name="one_decision_per_approver"
+            )
+        ]
