@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane import api, health, views
@@ -25,4 +25,5 @@ urlpatterns = [
         api.TokenRevokeApi.as_view(),
         name="api-token-revoke",
     ),
+    path("api/v1/", include("runs.urls")),
 ]

@@ -77,9 +77,10 @@ def run_start(
         )
     try:
         caps = effective_limits(agent, limits or {})
-    except ValueError as exc:
+    except (ValueError, ArithmeticError, TypeError) as exc:
         raise RunInputError("limits", str(exc)) from exc
-    state = EngineState.start(AgentConfig(name=agent.slug, system_prompt=agent.system_prompt), input)
+    config = AgentConfig(name=agent.slug, system_prompt=agent.system_prompt)
+    state = EngineState.start(config, input)
     run = Run.objects.create(
         tenant=tenant,
         agent=agent,
