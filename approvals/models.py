@@ -62,6 +62,9 @@ class TenantApprovalSettings(models.Model):
     deny_reason_required = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
 
+    def __str__(self) -> str:
+        return f"approval settings of {self.tenant_id}"
+
 
 class ApprovalRequest(models.Model):
     class Status(models.TextChoices):
@@ -76,7 +79,9 @@ class ApprovalRequest(models.Model):
         RUN = "run"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="approvals")
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="approvals"
+    )
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
     tool_call = models.OneToOneField(
         ToolCall, on_delete=models.CASCADE, related_name="approval"
@@ -149,3 +154,6 @@ class ApprovalDecision(models.Model):
                 fields=["request", "user"], name="one_decision_per_approver"
             )
         ]
+
+    def __str__(self) -> str:
+        return f"{self.decision} by {self.user_id}"

@@ -1,27 +1,55 @@
-"""Open, decide and resolve approval requests; every decision is compare-and-set."""
+"""Open, decide, expire and resolve approval requests; every decision is CAS.
+
+A request is bound to exact arguments (snapshot + sha256) and the rule that asked.
+Deciders are serialised on the request row (an UPDATE that bumps `version` is the
+first statement of the decision's transaction), so two clicks, two approvers or a
+click racing the expiry task give one outcome and one resume.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest
+from approvals.models import (
+    ApprovalDecision,
+    ApprovalPolicyRule,
+    ApprovalRequest,
+    TenantApprovalSettings,
+)
+from approvals.policy import RULE_PREFIX
+from controlplane.models import Membership
 from controlplane.services import audit_record
+from runs.engine.actions import ToolCall as EngineToolCall
 from runs.models import Run, ToolCall
 
 
 class AlreadyDecided(Exception):
     """The first decision won; carries the request as it is now."""
 
-    def __init__(self, request: ApprovalRequest) -> None:
-        super().__init__(f"the approval is already {request.status}")
+    def __init__(self, request: ApprovalRequest, message: str = "") -> None:
+        super().__init__(message or f"the approval is already {request.status}")
         self.request = request
+
+
+class ApprovalForbidden(Exception):
+    """This user may not decide this request (role, or started the run)."""
+
+
+class ApprovalInputError(ValueError):
+    """The decision is malformed; nothing was written."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -31,77 +59,395 @@ class ApprovalOutcome:
     reason: str = ""
 
 
+def _event(run: Run, type: str, payload: dict[str, Any]) -> None:
+    from tracing.services import run_event_append
+
+    run_event_append(run=run, type=type, payload=payload)
+
+
+def _rule_of(decision: dict[str, Any]) -> ApprovalPolicyRule | None:
+    name = str(decision.get("rule", ""))
+    if not name.startswith(RULE_PREFIX):
+        return None
+    return ApprovalPolicyRule.objects.filter(id=name[len(RULE_PREFIX) :]).first()
+
+
+@transaction.atomic
 def approval_request_open(
     *, tool_call: ToolCall, decision: dict[str, Any]
 ) -> ApprovalRequest:
     """Ask for a decision on exactly these arguments (snapshot + sha256)."""
     ttl = decision.get("ttl_seconds") or settings.APPROVAL_DEFAULT_TTL_SECONDS
-    request, _ = ApprovalRequest.objects.get_or_create(
+    rule = _rule_of(decision)
+    run = tool_call.run
+    request, created = ApprovalRequest.objects.get_or_create(
         tool_call=tool_call,
         defaults={
-            "tenant_id": tool_call.run.tenant_id,
+            "tenant_id": run.tenant_id,
             "run_id": tool_call.run_id,
             "tool_name": tool_call.tool_name,
-            "rule": decision.get("rule", ""),
-            "rule_reason": decision.get("reason", ""),
+            "rule": str(decision.get("rule", "")),
+            "rule_ref": rule,
+            "rule_reason": str(decision.get("reason", "")),
+            "approver_roles": rule.approver_roles if rule else ["admin", "operator"],
+            "approvals_required": rule.approvals_required if rule else 1,
+            "starter_may_approve": rule.starter_may_approve if rule else True,
             "args_snapshot": tool_call.args,
             "args_sha256": tool_call.args_sha256,
             "expires_at": timezone.now() + dt.timedelta(seconds=int(ttl)),
         },
     )
+    if created:
+        audit_record(
+            tenant=run.tenant,
+            actor=None,
+            action="approval.request",
+            object_type="approval",
+            object_id=str(request.id),
+            after=_audit_view(request),
+        )
+        _event(run, "approval.requested", _event_view(request))
     return request
 
 
-@transaction.atomic
+def _audit_view(request: ApprovalRequest) -> dict[str, Any]:
+    return {
+        "status": request.status,
+        "run": str(request.run_id),
+        "tool": request.tool_name,
+        "args_sha256": request.args_sha256,
+        "rule": request.rule,
+    }
+
+
+def _event_view(request: ApprovalRequest) -> dict[str, Any]:
+    return {
+        "approval_id": str(request.id),
+        "tool_call_id": request.tool_call.call_id,
+        "tool": request.tool_name,
+        "status": request.status,
+        "rule": request.rule,
+        "rule_reason": request.rule_reason,
+        "args": request.args_snapshot,
+        "approvals_required": request.approvals_required,
+        "expires_at": request.expires_at.isoformat(),
+    }
+
+
+def tenant_requires_deny_reason(tenant_id: Any) -> bool:
+    return TenantApprovalSettings.objects.filter(
+        tenant_id=tenant_id, deny_reason_required=True
+    ).exists()
+
+
+def may_decide(request: ApprovalRequest, user: User) -> str | None:
+    """Why `user` may not decide `request`, or None when they may."""
+    role = (
+        Membership.objects.filter(tenant_id=request.tenant_id, user=user)
+        .values_list("role", flat=True)
+        .first()
+    )
+    if role is None or role not in request.approver_roles or role == "viewer":
+        roles = " or ".join(request.approver_roles)
+        return f"deciding this approval needs the role {roles}"
+    if not request.starter_may_approve and request.run.started_by_id == user.id:
+        return "the user who started the run may not approve its calls"
+    return None
+
+
+def _validated_edit(request: ApprovalRequest, args: Any) -> tuple[dict[str, Any], str]:
+    from runs.engine.validation import validate_arguments
+    from runs.tools.registry import BUILTIN_TOOLS
+
+    if not isinstance(args, dict):
+        raise ApprovalInputError("args", "args must be a JSON object")
+    tool = BUILTIN_TOOLS.get(request.tool_name)
+    if tool is None:
+        raise ApprovalInputError("args", f"{request.tool_name} has no known schema")
+    errors = validate_arguments(tool.contract.input_schema, args)
+    if errors:
+        raise ApprovalInputError("args", "; ".join(errors))
+    call = EngineToolCall.parse(
+        request.tool_call.call_id, request.tool_name, json.dumps(args)
+    )
+    return dict(call.arguments), call.arguments_sha256
+
+
 def approval_decide(
     *,
     request: ApprovalRequest,
     decided_by: User,
     approve: bool,
     reason: str = "",
+    scope: str = ApprovalRequest.Scope.ONCE,
+    args: dict[str, Any] | None = None,
+    remote_addr: str | None = None,
 ) -> ApprovalRequest:
-    """Record the first decision and resume the run; a later one raises."""
-    status = ApprovalRequest.Status.APPROVED if approve else ApprovalRequest.Status.DENIED
+    """Record one decision; the request is final on a deny or the last approval.
+
+    A decision on a request that is no longer pending (or already carries this
+    user's vote) raises AlreadyDecided and writes nothing; one past its time-to-live
+    expires it (committed) and raises AlreadyDecided.
+    """
+    with transaction.atomic():
+        outcome = _decide(
+            request=request, decided_by=decided_by, approve=approve, reason=reason,
+            scope=scope, args=args, remote_addr=remote_addr,
+        )  # fmt: skip
+    if isinstance(outcome, AlreadyDecided):
+        raise outcome
+    return outcome
+
+
+def _decide(
+    *,
+    request: ApprovalRequest,
+    decided_by: User,
+    approve: bool,
+    reason: str,
+    scope: str,
+    args: dict[str, Any] | None,
+    remote_addr: str | None,
+) -> ApprovalRequest | AlreadyDecided:
+    if scope not in ApprovalRequest.Scope.values:
+        raise ApprovalInputError(
+            "scope", f"scope must be one of {ApprovalRequest.Scope.values}"
+        )
+    if not approve and args is not None:
+        raise ApprovalInputError("args", "arguments can only be edited when approving")
+    # First statement: takes the row lock (PostgreSQL) / write lock (SQLite), so
+    # deciders on one request run one after the other and see each other's votes.
+    touched = ApprovalRequest.objects.filter(
+        id=request.id, status=ApprovalRequest.Status.PENDING
+    ).update(version=F("version") + 1)
+    locked = ApprovalRequest.objects.select_related("run", "tool_call", "tenant").get(
+        id=request.id
+    )
+    if not touched:
+        raise AlreadyDecided(locked)
+    refusal = may_decide(locked, decided_by)
+    if refusal is not None:
+        raise ApprovalForbidden(refusal)
+    if (
+        not approve
+        and not reason.strip()
+        and tenant_requires_deny_reason(locked.tenant_id)
+    ):
+        raise ApprovalInputError("reason", "this tenant requires a reason for a deny")
+    now = timezone.now()
+    if locked.expires_at <= now:
+        _expire(locked, now)
+        return AlreadyDecided(locked, "the approval expired before this decision")
+    before = _audit_view(locked)
+    if args is not None:
+        new_args, new_sha = _validated_edit(locked, args)
+        if new_sha != locked.args_sha256:
+            _edit_args(locked, new_args, new_sha, decided_by)
+    try:
+        with transaction.atomic():
+            ApprovalDecision.objects.create(
+                request=locked,
+                user=decided_by,
+                decision="approve" if approve else "deny",
+                reason=reason,
+                args_sha256=locked.args_sha256,
+            )
+    except IntegrityError:
+        raise AlreadyDecided(locked, "you already decided on this approval") from None
+    approvals = locked.decisions.filter(
+        decision="approve", args_sha256=locked.args_sha256
+    ).count()
+    final = not approve or approvals >= locked.approvals_required
+    if final:
+        status = (
+            ApprovalRequest.Status.APPROVED
+            if approve
+            else ApprovalRequest.Status.DENIED
+        )
+        ApprovalRequest.objects.filter(id=locked.id).update(
+            status=status, decided_by=decided_by, decided_at=now, reason=reason,
+            scope=scope,
+        )  # fmt: skip
+        locked.refresh_from_db()
+    audit_record(
+        tenant=locked.tenant,
+        actor=decided_by,
+        action="approval.approve" if approve else "approval.deny",
+        object_type="approval",
+        object_id=str(locked.id),
+        before=before,
+        after={
+            **_audit_view(locked),
+            "reason": reason,
+            "scope": scope,
+            "approvals": approvals,
+            "approvals_required": locked.approvals_required,
+            "args_edited": args is not None and locked.original_args is not None,
+        },
+        remote_addr=remote_addr,
+    )
+    _event(
+        locked.run,
+        "approval.decided",
+        {
+            **_event_view(locked),
+            "decision": "approve" if approve else "deny",
+            "decided_by": decided_by.get_username(),
+            "reason": reason,
+            "final": final,
+            "approvals": approvals,
+        },
+    )
+    if final:
+        from runs.services import run_resume
+
+        run_resume(run_id=str(locked.run_id))
+    return locked
+
+
+def _edit_args(
+    request: ApprovalRequest, args: dict[str, Any], sha: str, user: User
+) -> None:
+    from runs.services.tool_call_edit import tool_call_args_replace
+
+    original = (
+        request.original_args
+        if request.original_args is not None
+        else request.args_snapshot
+    )
+    ApprovalRequest.objects.filter(id=request.id).update(
+        args_snapshot=args, args_sha256=sha, original_args=original, args_edited_by=user
+    )
+    tool_call_args_replace(tool_call=request.tool_call, args=args, args_sha256=sha)
+    request.refresh_from_db()
+
+
+def _expire(request: ApprovalRequest, now: dt.datetime) -> bool:
+    """Pending → expired (a deny with reason `expired`); False if already final."""
     updated = ApprovalRequest.objects.filter(
         id=request.id, status=ApprovalRequest.Status.PENDING
-    ).update(
-        status=status, decided_by=decided_by, decided_at=timezone.now(), reason=reason
-    )
-    request.refresh_from_db()
+    ).update(status=ApprovalRequest.Status.EXPIRED, decided_at=now, reason="expired")
     if not updated:
-        raise AlreadyDecided(request)
+        return False
+    request.refresh_from_db()
     audit_record(
         tenant=request.tenant,
-        actor=decided_by,
-        action=f"approval.{status}",
+        actor=None,
+        action="approval.expire",
         object_type="approval",
         object_id=str(request.id),
         before={"status": ApprovalRequest.Status.PENDING},
-        after={"status": status, "reason": reason},
+        after=_audit_view(request),
     )
+    _event(request.run, "approval.expired", _event_view(request))
     from runs.services import run_resume
 
     run_resume(run_id=str(request.run_id))
-    return request
+    return True
+
+
+def approvals_expire(*, now: dt.datetime | None = None, limit: int = 500) -> int:
+    """Expire pending requests past their time-to-live; returns how many."""
+    now = now or timezone.now()
+    due = list(
+        ApprovalRequest.objects.filter(
+            status=ApprovalRequest.Status.PENDING, expires_at__lte=now
+        )
+        .select_related("run", "tenant", "tool_call")
+        .order_by("expires_at")[:limit]
+    )
+    expired = 0
+    for request in due:
+        with transaction.atomic():
+            expired += _expire(request, now)
+    return expired
+
+
+def approvers_still_allowed_problem(request: ApprovalRequest) -> str | None:
+    votes = request.decisions.filter(
+        decision="approve", args_sha256=request.args_sha256
+    ).select_related("user")
+    for vote in votes:
+        if vote.user is None or not vote.user.is_active:
+            return "an approver's account no longer exists or is inactive"
+        role = (
+            Membership.objects.filter(tenant_id=request.tenant_id, user=vote.user)
+            .values_list("role", flat=True)
+            .first()
+        )
+        if role not in request.approver_roles or role == "viewer":
+            return (
+                f"approver {vote.user.get_username()} no longer holds a role that "
+                f"may approve ({' or '.join(request.approver_roles)})"
+            )
+    return None
 
 
 def approval_outcome_for(*, tool_call: ToolCall) -> ApprovalOutcome:
-    """Re-check on resume: decided, not expired, and the arguments unchanged."""
+    """Re-check on resume: decided, not expired, deciders still allowed, and the
+    arguments unchanged since the decision."""
     request = ApprovalRequest.objects.filter(tool_call=tool_call).first()
     if request is None:
-        return ApprovalOutcome(pending=False, approved=False, reason="no approval found")
+        return ApprovalOutcome(
+            pending=False, approved=False, reason="no approval found"
+        )
+    now = timezone.now()
     if request.status == ApprovalRequest.Status.PENDING:
-        if request.expires_at <= timezone.now():
+        if request.expires_at <= now:
             return ApprovalOutcome(False, False, "expired: nobody decided in time")
         return ApprovalOutcome(pending=True, approved=False)
+    if request.status == ApprovalRequest.Status.EXPIRED:
+        return ApprovalOutcome(False, False, "expired: nobody decided in time")
     if request.status != ApprovalRequest.Status.APPROVED:
         return ApprovalOutcome(False, False, request.reason or str(request.status))
-    if request.args_sha256 != tool_call.args_sha256:
+    if request.expires_at <= now or (
+        request.decided_at is not None and request.decided_at > request.expires_at
+    ):
+        return ApprovalOutcome(False, False, "the approval expired before the call ran")
+    problem = approvers_still_allowed_problem(request)
+    if problem is not None:
+        return ApprovalOutcome(False, False, problem)
+    current = EngineToolCall.parse(
+        tool_call.call_id, tool_call.tool_name, json.dumps(tool_call.args)
+    ).arguments_sha256
+    if request.args_sha256 != tool_call.args_sha256 or current != request.args_sha256:
         return ApprovalOutcome(False, False, "the arguments changed after approval")
     return ApprovalOutcome(pending=False, approved=True)
 
 
+def approval_edit_note(*, tool_call: ToolCall) -> str | None:
+    """What the model is told when a reviewer changed the arguments, if they did."""
+    request = (
+        ApprovalRequest.objects.filter(tool_call=tool_call)
+        .select_related("args_edited_by")
+        .first()
+    )
+    if request is None or request.original_args is None:
+        return None
+    who = (
+        request.args_edited_by.get_username()
+        if request.args_edited_by
+        else "a reviewer"
+    )
+    return (
+        f"the arguments were changed by {who} when approving: "
+        f"proposed {json.dumps(request.original_args, sort_keys=True)}, "
+        f"executed {json.dumps(request.args_snapshot, sort_keys=True)}"
+    )
+
+
 def approval_requests_cancel_for_run(*, run: Run) -> int:
-    return ApprovalRequest.objects.filter(
-        run=run, status=ApprovalRequest.Status.PENDING
-    ).update(status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now())
+    """Cancelling a run cancels its pending approvals."""
+    pending = list(
+        ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
+    )
+    cancelled = 0
+    for request in pending:
+        cancelled += ApprovalRequest.objects.filter(
+            id=request.id, status=ApprovalRequest.Status.PENDING
+        ).update(
+            status=ApprovalRequest.Status.CANCELLED,
+            decided_at=timezone.now(),
+            reason="the run was cancelled",
+        )
+    return cancelled

@@ -268,7 +268,8 @@ RUN_LEASE_SECONDS = env.number(
     minimum=0.5,
     help="How long a worker's lease on a run lasts before recovery may take it over.",
 )
-RUN_POLICY_HOOK = "runs.engine.policy.default_policy"
+# The tenant's approval rules (approvals app); fail-safe: a raising hook denies.
+RUN_POLICY_HOOK = "approvals.policy.tenant_policy"
 CELERY_TASK_TIME_LIMIT = int(RUN_LEASE_SECONDS) + 60
 CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
     "task": "runs.tasks.recover_stalled_runs_task",
@@ -297,3 +298,62 @@ APPROVAL_DEFAULT_TTL_SECONDS = env.integer(
     minimum=1,
     help="How long an approval request waits before it expires.",
 )
+APPROVAL_EXPIRE_INTERVAL_SECONDS = env.number(
+    "APPROVAL_EXPIRE_INTERVAL_SECONDS",
+    30.0,
+    minimum=1.0,
+    help="How often beat expires pending approvals past their time-to-live.",
+)
+CELERY_BEAT_SCHEDULE["approvals-expire"] = {
+    "task": "approvals.tasks.expire_approvals_task",
+    "schedule": APPROVAL_EXPIRE_INTERVAL_SECONDS,
+}
+
+# Tracing and the live stream (tracing app, DESIGN.md §7).
+TRACING_REDACT_KEYS = env.items(
+    "TRACING_REDACT_KEYS",
+    "password,passwd,secret,client_secret,api_key,apikey,x-api-key,authorization,"
+    "cookie,set-cookie,token,access_token,refresh_token,private_key",
+    help="Attribute/argument keys whose values are replaced by [REDACTED] before "
+    "a span is stored, streamed or exported.",
+)
+TRACING_PAYLOAD_MAX_BYTES = env.integer(
+    "TRACING_PAYLOAD_MAX_BYTES",
+    8 * 1024 * 1024,
+    minimum=1024 * 1024,
+    help="Largest model/tool payload stored whole with a span (at least 1 MB).",
+)
+TRACING_SPAN_LEASE_SECONDS = env.number(
+    "TRACING_SPAN_LEASE_SECONDS",
+    RUN_LEASE_SECONDS + 30,
+    minimum=1.0,
+    help="After this long a running span of a dead worker is marked abandoned.",
+)
+OTLP_INGEST_MAX_BYTES = env.integer(
+    "OTLP_INGEST_MAX_BYTES",
+    8 * 1024 * 1024,
+    minimum=1024,
+    help="Largest POST /v1/traces body, compressed or not (larger: 413).",
+)
+OTLP_INGEST_MAX_SPANS = env.integer(
+    "OTLP_INGEST_MAX_SPANS",
+    10_000,
+    minimum=1,
+    help="Most spans accepted in one POST /v1/traces (more: 413).",
+)
+STREAM_QUEUE_EVENTS = env.integer(
+    "STREAM_QUEUE_EVENTS",
+    2000,
+    minimum=10,
+    help="Events queued for one WebSocket client before it is disconnected as slow.",
+)
+STREAM_HEARTBEAT_SECONDS = env.number(
+    "STREAM_HEARTBEAT_SECONDS",
+    20.0,
+    minimum=0.1,
+    help="Interval of the heartbeat frames on a WebSocket stream.",
+)
+CELERY_BEAT_SCHEDULE["tracing-abandon-spans"] = {
+    "task": "tracing.tasks.abandon_expired_spans_task",
+    "schedule": 60.0,
+}

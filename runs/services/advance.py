@@ -301,7 +301,10 @@ def _wait_for_approval(
 
 
 def _resume_after_approval(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
-    from approvals.services import approval_outcome_for
+    import json
+
+    from approvals.services import approval_edit_note, approval_outcome_for
+    from runs.engine.envelope import ErrorCode
 
     outcome = approval_outcome_for(tool_call=row)
     if outcome.pending:
@@ -314,8 +317,72 @@ def _resume_after_approval(ctx: StepContext, row: ToolCallRow, call: ToolCall) -
         result = approval_denied_result(call.name, outcome.reason)
         _record(ctx, row, call, result, ToolCallRow.Status.DENIED)
         return
+    # What runs is what was approved: the row's arguments (a reviewer may have
+    # edited them), not the model's proposal in the transcript.
+    row.refresh_from_db()
+    approved = ToolCall.parse(call.call_id, call.name, json.dumps(row.args))
+    unmet = _approved_call_precondition(ctx, approved)
+    if unmet is not None:
+        result = ToolResult.failure(
+            ErrorCode.EPERM,
+            f"{call.name} was approved but not executed: on resume its precondition "
+            f"no longer holds: {unmet}",
+            suggested_action="check_the_current_state_first",
+        )
+        _record(ctx, row, call, result, ToolCallRow.Status.DENIED)
+        return
+    note = approval_edit_note(tool_call=row)
     ToolCallRow.objects.filter(id=row.id).update(status=ToolCallRow.Status.APPROVED)
-    _execute(ctx, row, call)
+    _execute(ctx, row, approved)
+    if note is not None:
+        _note_on_observation(ctx, row, call, note)
+
+
+def _approved_call_precondition(ctx: StepContext, call: ToolCall) -> str | None:
+    """Re-check the tool's preconditions on the world as it is now (fail-safe)."""
+    from runs.engine.tools import ToolContext
+
+    tool = ctx.runtime.registry.get(call.name)
+    if tool is None:
+        return f"there is no tool named {call.name!r} any more"
+    if tool.check_preconditions is None:
+        return None
+    context = ToolContext.for_call(
+        str(ctx.run.id), call.call_id, tenant_id=str(ctx.run.tenant_id)
+    )
+    try:
+        return tool.check_preconditions(call.arguments, context)
+    except Exception as exc:  # noqa: BLE001 - a failing check must not run the call
+        return f"the precondition check failed ({type(exc).__name__})"
+
+
+def _note_on_observation(
+    ctx: StepContext, row: ToolCallRow, call: ToolCall, note: str
+) -> None:
+    """Tell the model, inside this call's result, that a reviewer changed the args."""
+    import json
+
+    for message in reversed(ctx.state.transcript.messages):
+        answers_call = message.get("tool_call_id") == call.call_id
+        if message.get("role") == "tool" and answers_call:
+            try:
+                body = json.loads(message["content"])
+                body["approval_note"] = note
+                message["content"] = json.dumps(
+                    body, ensure_ascii=False, separators=(",", ":"), default=str
+                )
+            except (ValueError, TypeError):
+                message["content"] = f"[{note}] {message['content']}"
+            content = message["content"]
+            break
+    else:
+        return
+    row.refresh_from_db()
+    observation = dict(row.observation or {})
+    observation["content"] = content
+    with transaction.atomic():
+        ToolCallRow.objects.filter(id=row.id).update(observation=observation)
+        ctx.checkpoint()
 
 
 def _recover_interrupted(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
