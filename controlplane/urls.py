@@ -26,4 +26,5 @@ urlpatterns = [
         name="api-token-revoke",
     ),
     path("api/v1/", include("runs.urls")),
+    path("api/v1/", include("approvals.urls")),
 ]

@@ -1,0 +1,330 @@
+"""Approvals API: list and decide approval requests, edit the tenant's approval
+policy, and read the tenant's audit log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from approvals import rules, selectors, services
+from approvals.models import ApprovalRequest, TenantApprovalSettings
+from controlplane.models import Role
+from controlplane.tenancy import IsTenantMember, role_required, tenant_of
+
+
+def _remote_addr(request: Request) -> str | None:
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def _reject_unknown_fields(request: Request, allowed: set[str]) -> None:
+    if not isinstance(request.data, dict):
+        raise ValidationError({"non_field_errors": ["the body must be a JSON object"]})
+    unknown = sorted(set(request.data) - allowed)
+    if unknown:
+        raise ValidationError({name: ["unknown field"] for name in unknown})
+
+
+class DecisionSerializer(serializers.Serializer[Any]):
+    user = serializers.CharField(source="user.username", allow_null=True)
+    decision = serializers.CharField()
+    reason = serializers.CharField()
+    args_sha256 = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class ApprovalSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    run = serializers.UUIDField(source="run_id")
+    run_status = serializers.CharField(source="run.status")
+    tool_call_id = serializers.CharField(source="tool_call.call_id")
+    tool = serializers.CharField(source="tool_name")
+    args = serializers.JSONField(source="args_snapshot")
+    args_sha256 = serializers.CharField()
+    original_args = serializers.JSONField()
+    args_edited_by = serializers.CharField(
+        source="args_edited_by.username", allow_null=True, default=None
+    )
+    rule = serializers.CharField()
+    rule_reason = serializers.CharField()
+    approver_roles = serializers.JSONField()
+    approvals_required = serializers.IntegerField()
+    status = serializers.CharField()
+    scope = serializers.CharField()
+    requested_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    decided_by = serializers.CharField(
+        source="decided_by.username", allow_null=True, default=None
+    )
+    decided_at = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField()
+    decisions = DecisionSerializer(many=True, source="decisions.all")
+
+
+class ApprovalListApi(APIView):
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("status", str, enum=ApprovalRequest.Status.values),
+            OpenApiParameter("run", str),
+        ],
+        responses=ApprovalSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        context = tenant_of(request)
+        wanted = request.query_params.get("status") or None
+        if wanted is not None and wanted not in ApprovalRequest.Status.values:
+            raise ValidationError(
+                {"status": [f"one of {', '.join(ApprovalRequest.Status.values)}"]}
+            )
+        approvals = selectors.approval_list_for(
+            tenant=context.tenant,
+            status=wanted,
+            run_id=request.query_params.get("run") or None,
+        ).prefetch_related("decisions__user")
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(approvals, request, view=self)
+        return paginator.get_paginated_response(
+            ApprovalSerializer(page, many=True).data
+        )
+
+
+class ApprovalDetailApi(APIView):
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(responses=ApprovalSerializer)
+    def get(self, request: Request, approval_id: str) -> Response:
+        context = tenant_of(request)
+        approval = get_object_or_404(
+            selectors.approval_list_for(tenant=context.tenant), id=approval_id
+        )
+        return Response(ApprovalSerializer(approval).data)
+
+
+class ApprovalDecideApi(APIView):
+    permission_classes = [role_required(Role.ADMIN, Role.OPERATOR)]
+
+    class InputSerializer(serializers.Serializer[Any]):
+        decision = serializers.ChoiceField(choices=["approve", "deny"])
+        reason = serializers.CharField(
+            required=False, default="", allow_blank=True, max_length=2000
+        )
+        scope = serializers.ChoiceField(
+            choices=ApprovalRequest.Scope.values, required=False, default="once"
+        )
+        args = serializers.JSONField(required=False, default=None)
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={200: ApprovalSerializer, 409: ApprovalSerializer},
+    )
+    def post(self, request: Request, approval_id: str) -> Response:
+        context = tenant_of(request)
+        approval = get_object_or_404(
+            selectors.approval_list_for(tenant=context.tenant), id=approval_id
+        )
+        _reject_unknown_fields(request, {"decision", "reason", "scope", "args"})
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        try:
+            decided = services.approval_decide(
+                request=approval,
+                decided_by=context.user,
+                approve=data["decision"] == "approve",
+                reason=data["reason"],
+                scope=data["scope"],
+                args=data["args"],
+                remote_addr=_remote_addr(request),
+            )
+        except services.AlreadyDecided as conflict:
+            current = selectors.approval_list_for(tenant=context.tenant).get(
+                id=approval.id
+            )
+            return Response(
+                {
+                    "error": {
+                        "code": "already_decided",
+                        "message": str(conflict),
+                        "approval": ApprovalSerializer(current).data,
+                    }
+                },
+                status=status.HTTP_409_CONFLICT,
+            )
+        except services.ApprovalForbidden as refused:
+            raise PermissionDenied(str(refused)) from None
+        except services.ApprovalInputError as invalid:
+            raise ValidationError({invalid.field: [str(invalid)]}) from None
+        fresh = selectors.approval_list_for(tenant=context.tenant).get(id=decided.id)
+        return Response(ApprovalSerializer(fresh).data)
+
+
+class RuleSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    position = serializers.IntegerField()
+    name = serializers.CharField()
+    tool = serializers.CharField()
+    effects = serializers.JSONField()
+    source = serializers.CharField()
+    conditions = serializers.JSONField()
+    action = serializers.CharField()
+    ttl_seconds = serializers.IntegerField(allow_null=True)
+    approver_roles = serializers.JSONField()
+    approvals_required = serializers.IntegerField()
+    starter_may_approve = serializers.BooleanField()
+    updated_at = serializers.DateTimeField()
+
+
+RULE_INPUT_DOC = {"type": "object", "description": "see docs/approvals.md"}
+
+
+def _admin_for_writes(view: APIView) -> list[Any]:
+    if view.request.method in ("GET", "HEAD", "OPTIONS"):
+        return [IsTenantMember()]
+    return [role_required(Role.ADMIN)()]
+
+
+class ApprovalRuleListApi(APIView):
+    def get_permissions(self) -> list[Any]:
+        return _admin_for_writes(self)
+
+    @extend_schema(responses=RuleSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        context = tenant_of(request)
+        found = selectors.approval_rules_for(tenant=context.tenant)
+        return Response(RuleSerializer(found, many=True).data)
+
+    @extend_schema(request=RULE_INPUT_DOC, responses={201: RuleSerializer})
+    def post(self, request: Request) -> Response:
+        context = tenant_of(request)
+        try:
+            rule = rules.approval_rule_create(
+                tenant=context.tenant,
+                actor=context.user,
+                data=request.data,
+                remote_addr=_remote_addr(request),
+            )
+        except rules.RuleInputError as invalid:
+            raise ValidationError(invalid.fields) from None
+        return Response(RuleSerializer(rule).data, status=status.HTTP_201_CREATED)
+
+
+class ApprovalRuleDetailApi(APIView):
+    def get_permissions(self) -> list[Any]:
+        return _admin_for_writes(self)
+
+    @extend_schema(responses=RuleSerializer)
+    def get(self, request: Request, rule_id: str) -> Response:
+        context = tenant_of(request)
+        rule = get_object_or_404(
+            selectors.approval_rules_for(tenant=context.tenant), id=rule_id
+        )
+        return Response(RuleSerializer(rule).data)
+
+    @extend_schema(request=RULE_INPUT_DOC, responses=RuleSerializer)
+    def patch(self, request: Request, rule_id: str) -> Response:
+        context = tenant_of(request)
+        rule = get_object_or_404(
+            selectors.approval_rules_for(tenant=context.tenant), id=rule_id
+        )
+        try:
+            rule = rules.approval_rule_update(
+                rule=rule,
+                actor=context.user,
+                data=request.data,
+                remote_addr=_remote_addr(request),
+            )
+        except rules.RuleInputError as invalid:
+            raise ValidationError(invalid.fields) from None
+        return Response(RuleSerializer(rule).data)
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request: Request, rule_id: str) -> Response:
+        context = tenant_of(request)
+        rule = get_object_or_404(
+            selectors.approval_rules_for(tenant=context.tenant), id=rule_id
+        )
+        rules.approval_rule_delete(
+            rule=rule, actor=context.user, remote_addr=_remote_addr(request)
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ApprovalSettingsApi(APIView):
+    class InputSerializer(serializers.Serializer[Any]):
+        deny_reason_required = serializers.BooleanField()
+
+    def get_permissions(self) -> list[Any]:
+        return _admin_for_writes(self)
+
+    @extend_schema(responses=InputSerializer)
+    def get(self, request: Request) -> Response:
+        context = tenant_of(request)
+        current = TenantApprovalSettings.objects.filter(tenant=context.tenant).first()
+        required = bool(current and current.deny_reason_required)
+        return Response({"deny_reason_required": required})
+
+    @extend_schema(request=InputSerializer, responses=InputSerializer)
+    def put(self, request: Request) -> Response:
+        context = tenant_of(request)
+        _reject_unknown_fields(request, {"deny_reason_required"})
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        saved = rules.approval_settings_set(
+            tenant=context.tenant,
+            actor=context.user,
+            deny_reason_required=body.validated_data["deny_reason_required"],
+            remote_addr=_remote_addr(request),
+        )
+        return Response({"deny_reason_required": saved.deny_reason_required})
+
+
+class AuditEventSerializer(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    actor = serializers.CharField(
+        source="actor.username", allow_null=True, default=None
+    )
+    action = serializers.CharField()
+    object_type = serializers.CharField()
+    object_id = serializers.CharField()
+    before = serializers.JSONField()
+    after = serializers.JSONField()
+    remote_addr = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+class AuditListApi(APIView):
+    """The tenant's audit log, newest first (admins only)."""
+
+    permission_classes = [role_required(Role.ADMIN)]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("action", str),
+            OpenApiParameter("object_type", str),
+            OpenApiParameter("object_id", str),
+        ],
+        responses=AuditEventSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        context = tenant_of(request)
+        params = request.query_params
+        events = selectors.audit_events_for(
+            tenant=context.tenant,
+            action=params.get("action") or None,
+            object_type=params.get("object_type") or None,
+            object_id=params.get("object_id") or None,
+        )
+        paginator = LimitOffsetPagination()
+        page = paginator.paginate_queryset(events, request, view=self)
+        return paginator.get_paginated_response(
+            AuditEventSerializer(page, many=True).data
+        )
