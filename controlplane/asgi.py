@@ -13,6 +13,9 @@ django_asgi_app = get_asgi_application()
 
 from controlplane.routing import websocket_urlpatterns  # noqa: E402 (needs apps)
 from controlplane.websocket_auth import TenantAuthMiddlewareStack  # noqa: E402
+from tracing.setup import configure_tracing  # noqa: E402
+
+configure_tracing()
 
 application = ProtocolTypeRouter(
     {

@@ -308,3 +308,52 @@ CELERY_BEAT_SCHEDULE["approvals-expire"] = {
     "task": "approvals.tasks.expire_approvals_task",
     "schedule": APPROVAL_EXPIRE_INTERVAL_SECONDS,
 }
+
+# Tracing and the live stream (tracing app, DESIGN.md §7).
+TRACING_REDACT_KEYS = env.items(
+    "TRACING_REDACT_KEYS",
+    "password,passwd,secret,client_secret,api_key,apikey,x-api-key,authorization,"
+    "cookie,set-cookie,token,access_token,refresh_token,private_key",
+    help="Attribute/argument keys whose values are replaced by [REDACTED] before "
+    "a span is stored, streamed or exported.",
+)
+TRACING_PAYLOAD_MAX_BYTES = env.integer(
+    "TRACING_PAYLOAD_MAX_BYTES",
+    8 * 1024 * 1024,
+    minimum=1024 * 1024,
+    help="Largest model/tool payload stored whole with a span (at least 1 MB).",
+)
+TRACING_SPAN_LEASE_SECONDS = env.number(
+    "TRACING_SPAN_LEASE_SECONDS",
+    RUN_LEASE_SECONDS + 30,
+    minimum=1.0,
+    help="After this long a running span of a dead worker is marked abandoned.",
+)
+OTLP_INGEST_MAX_BYTES = env.integer(
+    "OTLP_INGEST_MAX_BYTES",
+    8 * 1024 * 1024,
+    minimum=1024,
+    help="Largest POST /v1/traces body, compressed or not (larger: 413).",
+)
+OTLP_INGEST_MAX_SPANS = env.integer(
+    "OTLP_INGEST_MAX_SPANS",
+    10_000,
+    minimum=1,
+    help="Most spans accepted in one POST /v1/traces (more: 413).",
+)
+STREAM_QUEUE_EVENTS = env.integer(
+    "STREAM_QUEUE_EVENTS",
+    2000,
+    minimum=10,
+    help="Events queued for one WebSocket client before it is disconnected as slow.",
+)
+STREAM_HEARTBEAT_SECONDS = env.number(
+    "STREAM_HEARTBEAT_SECONDS",
+    20.0,
+    minimum=0.1,
+    help="Interval of the heartbeat frames on a WebSocket stream.",
+)
+CELERY_BEAT_SCHEDULE["tracing-abandon-spans"] = {
+    "task": "tracing.tasks.abandon_expired_spans_task",
+    "schedule": 60.0,
+}

@@ -8,14 +8,20 @@ from runs.services import recover_stalled_runs, run_advance
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
-def advance_run_task(self, *, run_id: str, step_token: str) -> str:  # type: ignore[no-untyped-def]
+def advance_run_task(  # type: ignore[no-untyped-def]
+    self, *, run_id: str, step_token: str, traceparent: str | None = None
+) -> str:
     """Advance the run by one step; a duplicate or stale delivery is a no-op.
 
     The delivery's task id is the lease owner, so the redelivery of a task whose
     worker died takes the run over at once instead of waiting out the lease.
+    `traceparent` carries the run's trace into the task (W3C format).
     """
     return run_advance(
-        run_id=run_id, step_token=step_token, owner=self.request.id or step_token
+        run_id=run_id,
+        step_token=step_token,
+        owner=self.request.id or step_token,
+        traceparent=traceparent,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,13 @@ from runs.services.lifecycle import (
     run_save,
     step_enqueue,
 )
+from tracing.spans import (
+    approval_span_open,
+    approval_span_settle,
+    chat_span,
+    step_span,
+    tool_span,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,10 +112,13 @@ class StepContext:
         )
 
 
-def run_advance(*, run_id: str, step_token: str, owner: str) -> str:
+def run_advance(
+    *, run_id: str, step_token: str, owner: str, traceparent: str | None = None
+) -> str:
     """Advance the run by one step; a stale or duplicate delivery is a no-op.
 
     Returns what happened: skipped, continued, waiting, finished or lease_lost.
+    `traceparent` names the run's root span (the trace crosses into the task).
     """
     run = lease_acquire(run_id=run_id, step_token=step_token, owner=owner)
     if run is None:
@@ -120,6 +131,8 @@ def run_advance(*, run_id: str, step_token: str, owner: str) -> str:
         started=time.monotonic(),
         base_wall_seconds=state.usage.wall_seconds,
     )
+    spans = ExitStack()  # the step span; ends the run's root span when it is over
+    spans.enter_context(step_span(run, traceparent=traceparent))
     try:
         _step(ctx)
         _continue(ctx)
@@ -137,6 +150,7 @@ def run_advance(*, run_id: str, step_token: str, owner: str) -> str:
             pass
         return "finished"
     finally:
+        spans.close()
         lease_release(run)
 
 
@@ -174,7 +188,9 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
     if not isinstance(plan, ModelCallPlan):
         _finish(ctx, plan, detail=f"refused before the model call: {plan}")
     started_at = timezone.now()
-    reply = call_model(runtime.model, messages, tools, plan)
+    with chat_span(ctx.run, messages=messages, tools=tools) as chat:
+        reply = call_model(runtime.model, messages, tools, plan)
+        chat.reply(reply)
     if isinstance(reply, ModelError):
         _finish(ctx, StopReason.MODEL_ERROR, detail=str(reply))
     assert isinstance(reply, ModelReply)
@@ -251,6 +267,7 @@ def _run_calls(ctx: StepContext, step: Step, calls: list[ToolCall]) -> None:
             _recover_interrupted(ctx, row, call)
             continue
         if row.status in (ToolCallRow.Status.WAITING_APPROVAL, ToolCallRow.Status.APPROVED):
+            approval_span_settle(ctx.run, tool_call=row)
             _resume_after_approval(ctx, row, call)
             continue
         _gate_and_run(ctx, row, call)
@@ -279,6 +296,7 @@ def _gate_and_run(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
         _finish(ctx, StopReason.POLICY_DENIED, detail=detail)
     if gate.verdict is GateVerdict.NEEDS_APPROVAL:
         assert gate.decision is not None
+        approval_span_open(ctx.run, tool_call=row, decision=gate.decision.to_dict())
         _wait_for_approval(ctx, row, call, gate.decision.to_dict())
     _execute(ctx, row, call)
 
@@ -406,15 +424,17 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
     )
     failpoint("before_tool_execute")
     ctx.state.usage = ctx.state.usage.with_wall_seconds(ctx.elapsed())
-    outcome = execute_call(
-        tool,
-        call,
-        ctx.state.usage,
-        ctx.runtime.limits,
-        run_id=str(ctx.run.id),
-        tenant_id=str(ctx.run.tenant_id),
-        timeout_seconds=ctx.runtime.config.tool_timeout_seconds,
-    )
+    with tool_span(ctx.run, call=call, effect=row.effect) as span:
+        outcome = execute_call(
+            tool,
+            call,
+            ctx.state.usage,
+            ctx.runtime.limits,
+            run_id=str(ctx.run.id),
+            tenant_id=str(ctx.run.tenant_id),
+            timeout_seconds=ctx.runtime.config.tool_timeout_seconds,
+        )
+        span.result(outcome.result, executed=outcome.executed)
     failpoint("after_tool_execute")
     ctx.state.usage = outcome.usage
     if not outcome.executed:

@@ -44,14 +44,18 @@ def step_enqueue(run: Run) -> None:
     The token makes a stale or duplicate delivery a no-op (it no longer matches).
     """
     from runs.tasks import advance_run_task
+    from tracing.spans import traceparent_for
 
     token = uuid.uuid4()
     Run.objects.filter(id=run.id).update(step_token=token, version=F("version") + 1)
     run.step_token = token
     run.version += 1
     run_id = str(run.id)
+    traceparent = traceparent_for(run) if run.trace_id else None
     transaction.on_commit(
-        lambda: advance_run_task.delay(run_id=run_id, step_token=str(token))
+        lambda: advance_run_task.delay(
+            run_id=run_id, step_token=str(token), traceparent=traceparent
+        )
     )
 
 

@@ -1,0 +1,186 @@
+"""Our span processor (database + live stream) and the redacting export wrapper."""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanKind, StatusCode
+
+from tracing.redaction import redact, redact_attributes
+from tracing.store import SpanRecord, span_record_end, span_record_start
+
+__all__ = [
+    "RUN_ID_KEY",
+    "TENANT_ID_KEY",
+    "RedactingSpanExporter",
+    "RunSpanProcessor",
+    "long_lived",
+]
+
+logger = logging.getLogger(__name__)
+
+RUN_ID_KEY = "cp.run.id"
+TENANT_ID_KEY = "cp.tenant.id"
+
+_long_lived: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tracing_long_lived", default=False
+)
+
+
+@contextmanager
+def long_lived() -> Iterator[None]:
+    """Spans started here outlive their task (root, approval wait): no lease."""
+    token = _long_lived.set(True)
+    try:
+        yield
+    finally:
+        _long_lived.reset(token)
+
+
+_KINDS = {
+    SpanKind.INTERNAL: "internal",
+    SpanKind.SERVER: "server",
+    SpanKind.CLIENT: "client",
+    SpanKind.PRODUCER: "producer",
+    SpanKind.CONSUMER: "consumer",
+}
+
+
+def _time(ns: int | None) -> dt.datetime | None:
+    if ns is None:
+        return None
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC)
+
+
+def _record_of(span: ReadableSpan, *, ended: bool) -> SpanRecord:
+    context = span.get_span_context()
+    assert context is not None
+    status = "running"
+    if ended:
+        code = span.status.status_code
+        status = {StatusCode.OK: "ok", StatusCode.ERROR: "error"}.get(code, "unset")
+    return SpanRecord(
+        trace_id=f"{context.trace_id:032x}",
+        span_id=f"{context.span_id:016x}",
+        parent_span_id=f"{span.parent.span_id:016x}" if span.parent else "",
+        name=span.name,
+        kind=_KINDS.get(span.kind, "internal"),
+        started_at=_time(span.start_time) or dt.datetime.now(dt.UTC),
+        ended_at=_time(span.end_time) if ended else None,
+        attributes=dict(span.attributes or {}),
+        status=status,
+        status_message=(span.status.description or "") if ended else "",
+        events=[
+            {
+                "name": event.name,
+                "time": (_time(event.timestamp) or dt.datetime.now(dt.UTC)).isoformat(),
+                "attributes": dict(event.attributes or {}),
+            }
+            for event in span.events
+        ]
+        if ended
+        else [],
+    )
+
+
+class RunSpanProcessor(SpanProcessor):
+    """Persist every span of a run at start and at end, with a RunEvent for each.
+
+    Only spans carrying `cp.run.id` and `cp.tenant.id` belong to a run. Tracing
+    never breaks a run: a failed write is logged and the run carries on.
+    """
+
+    def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
+        ids = self._ids(span)
+        if ids is None:
+            return
+        record = _record_of(span, ended=False)
+        record.leased = not _long_lived.get()
+        try:
+            span_record_start(run_id=ids[0], tenant_id=ids[1], record=record)
+        except Exception:  # noqa: BLE001 - see the class docstring
+            logger.warning("tracing: could not store span %s", span.name, exc_info=True)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        ids = self._ids(span)
+        if ids is None:
+            return
+        try:
+            span_record_end(
+                run_id=ids[0], tenant_id=ids[1], record=_record_of(span, ended=True)
+            )
+        except Exception:  # noqa: BLE001 - see the class docstring
+            logger.warning("tracing: could not store span %s", span.name, exc_info=True)
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    @staticmethod
+    def _ids(span: ReadableSpan) -> tuple[str, str] | None:
+        attributes = span.attributes or {}
+        run_id, tenant_id = attributes.get(RUN_ID_KEY), attributes.get(TENANT_ID_KEY)
+        if not run_id or not tenant_id:
+            return None
+        return str(run_id), str(tenant_id)
+
+
+def redacted_copy(span: ReadableSpan) -> ReadableSpan:
+    """The same span with redacted attributes, event attributes and status text."""
+    return ReadableSpan(
+        name=span.name,
+        context=span.get_span_context(),
+        parent=span.parent,
+        resource=span.resource,
+        attributes=redact_attributes(span.attributes),
+        events=[
+            type(event)(
+                event.name, redact_attributes(event.attributes), event.timestamp
+            )
+            for event in span.events
+        ],
+        links=span.links,
+        kind=span.kind,
+        status=span.status
+        if not span.status.description
+        else type(span.status)(
+            span.status.status_code, redact(span.status.description)
+        ),
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+def _redacted_status(span: ReadableSpan) -> Any:
+    if not span.status.description:
+        return span.status
+    return type(span.status)(span.status.status_code, redact(span.status.description))
+
+
+class RedactingSpanExporter(SpanExporter):
+    """Wrap an exporter so nothing configured as secret leaves the process."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.inner.export([redacted_copy(span) for span in spans])
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        result: Any = self.inner.force_flush(timeout_millis)
+        return bool(result)

@@ -1,0 +1,447 @@
+"""The spans of a run (DESIGN.md §7), created through the OpenTelemetry API.
+
+One trace per run (`Run.trace_id`) whose root `invoke_agent {agent}` has an id
+derived from the run, so every task can parent its `step` span on it from a
+`traceparent` alone. Spans that outlive a task (the root, an approval wait) are
+stored when they start and started again with the same ids when they end.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
+
+from runs.models import Run
+from tracing.models import Span
+from tracing.processor import RUN_ID_KEY, TENANT_ID_KEY, long_lived
+from tracing.setup import fixed_ids, tracer
+from tracing.store import span_abandon
+
+__all__ = [
+    "approval_span_open",
+    "approval_span_settle",
+    "chat_span",
+    "root_span_id",
+    "run_root_end",
+    "step_span",
+    "tool_span",
+    "traceparent_for",
+]
+
+logger = logging.getLogger(__name__)
+
+_LIMIT_FIELDS = {
+    "steps": ("max_steps", "steps"),
+    "tool_calls": ("max_tool_calls", "tool_calls"),
+    "input_tokens": ("max_input_tokens", "input_tokens"),
+    "output_tokens": ("max_output_tokens", "output_tokens"),
+    "cost": ("max_cost", "cost"),
+}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def root_span_id(run: Run) -> int:
+    """The run's root span id: 64 bits of the run id (never zero)."""
+    return (run.id.int & 0xFFFF_FFFF_FFFF_FFFF) or 1
+
+
+def _trace_id(run: Run) -> int:
+    return int(run.trace_id, 16)
+
+
+def traceparent_for(run: Run) -> str:
+    """W3C traceparent naming the run's root span; what a task is given."""
+    return f"00-{run.trace_id}-{root_span_id(run):016x}-01"
+
+
+def _parent_context(trace_id: int, span_id: int) -> otel_context.Context:
+    parent = SpanContext(
+        trace_id=trace_id,
+        span_id=span_id,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    return trace.set_span_in_context(NonRecordingSpan(parent))
+
+
+def _context_from_traceparent(value: str) -> otel_context.Context | None:
+    parts = value.split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id = int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return _parent_context(trace_id, span_id)
+
+
+def _run_attributes(run: Run) -> dict[str, Any]:
+    return {RUN_ID_KEY: str(run.id), TENANT_ID_KEY: str(run.tenant_id)}
+
+
+def _traced(run: Run) -> bool:
+    if len(run.trace_id) != 32:
+        return False
+    try:
+        return int(run.trace_id, 16) != 0
+    except ValueError:
+        return False
+
+
+def _ns(moment: dt.datetime) -> int:
+    return int(moment.timestamp() * 1_000_000_000)
+
+
+def _budget_attributes(run: Run) -> dict[str, Any]:
+    attributes: dict[str, Any] = {}
+    for name, (limit_key, used_field) in _LIMIT_FIELDS.items():
+        limit = (run.limits or {}).get(limit_key)
+        if limit is None:
+            continue
+        used = getattr(run, used_field)
+        remaining = Decimal(str(limit)) - Decimal(str(used))
+        attributes[f"cp.budget.remaining.{name}"] = (
+            float(remaining) if name == "cost" else int(remaining)
+        )
+    return attributes
+
+
+def _root_start(run: Run) -> None:
+    if Span.objects.filter(
+        trace_id=run.trace_id, span_id=f"{root_span_id(run):016x}"
+    ).exists():
+        return
+    agent = run.agent
+    with (
+        long_lived(),
+        fixed_ids(trace_id=_trace_id(run), span_id=root_span_id(run)),
+    ):
+        # Started (and stored) now, ended by run_root_end in whichever process
+        # finishes the run; this object is never ended, so never exported.
+        tracer().start_span(
+            f"invoke_agent {agent.slug}",
+            context=otel_context.Context(),
+            kind=SpanKind.INTERNAL,
+            attributes={
+                **_run_attributes(run),
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": agent.slug,
+                "gen_ai.agent.id": str(agent.id),
+                "gen_ai.provider.name": agent.model_adapter,
+                "gen_ai.request.model": agent.model,
+                "gen_ai.conversation.id": str(run.id),
+                "gen_ai.input.messages": _json(
+                    [{"role": "user", "content": run.input}]
+                ),
+            },
+        )
+
+
+def _resume_and_end(
+    run: Run, *, span_id: str, attributes: dict[str, Any], error: str = ""
+) -> None:
+    """Start a stored long-lived span again with its ids and start time; end it."""
+    row = Span.objects.filter(trace_id=run.trace_id, span_id=span_id).first()
+    if row is None or row.status != Span.Status.RUNNING:
+        return
+    parent = (
+        _parent_context(_trace_id(run), int(row.parent_span_id, 16))
+        if row.parent_span_id
+        else otel_context.Context()
+    )
+    with long_lived(), fixed_ids(trace_id=_trace_id(run), span_id=int(span_id, 16)):
+        span = tracer().start_span(
+            row.name,
+            context=parent,
+            start_time=_ns(row.started_at),
+            attributes={**_run_attributes(run), **row.attributes, **attributes},
+        )
+    if error:
+        span.set_attribute("error.type", error)
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end()
+
+
+def run_root_end(run: Run) -> None:
+    """End the run's root span with its outcome; close what it left open."""
+    for span in Span.objects.filter(
+        run=run, status=Span.Status.RUNNING, trace_id=run.trace_id
+    ).exclude(span_id=f"{root_span_id(run):016x}"):
+        span_abandon(span=span, reason=f"the run ended ({run.status})")
+    failed = run.status not in (Run.Status.SUCCEEDED,)
+    _resume_and_end(
+        run,
+        span_id=f"{root_span_id(run):016x}",
+        attributes={
+            "cp.run.status": run.status,
+            "cp.run.stop_reason": run.stop_reason,
+            "gen_ai.usage.input_tokens": run.input_tokens,
+            "gen_ai.usage.output_tokens": run.output_tokens,
+            "cp.run.cost": float(run.cost),
+            "cp.run.steps": run.steps,
+            "cp.run.tool_calls": run.tool_calls,
+            "gen_ai.output.messages": _json(
+                [{"role": "assistant", "content": run.final_answer}]
+            ),
+            **_budget_attributes(run),
+        },
+        error=run.stop_reason if failed else "",
+    )
+
+
+def _abandon_dead_workers(run: Run) -> None:
+    # We hold the run's lease: a leased span of this run still running belongs
+    # to a worker that died (or lost the lease) before ending it.
+    stale = Span.objects.filter(
+        run=run, status=Span.Status.RUNNING, lease_expires_at__isnull=False
+    ).filter(Q(lease_expires_at__lt=timezone.now()) | ~Q(worker=""))
+    for span in stale:
+        span_abandon(span=span, reason="its worker stopped before ending it")
+
+
+@contextmanager
+def step_span(run: Run, *, traceparent: str | None = None) -> Iterator[trace.Span]:
+    """The span of one task's step, a child of the run's root; ends the root when
+    the run is over."""
+    if not _traced(run):
+        yield trace.INVALID_SPAN
+        return
+    try:
+        _abandon_dead_workers(run)
+        _root_start(run)
+    except Exception:  # noqa: BLE001 - tracing never stops a run
+        logger.warning("tracing: root span of run %s", run.id, exc_info=True)
+    parent = _context_from_traceparent(traceparent or "") or _context_from_traceparent(
+        traceparent_for(run)
+    )
+    index = run.steps
+    with tracer().start_as_current_span(
+        f"step {index}",
+        context=parent,
+        attributes={**_run_attributes(run), "cp.step.index": index},
+    ) as span:
+        try:
+            yield span
+        finally:
+            span.set_attribute("cp.run.status", run.status)
+            for key, value in _budget_attributes(run).items():
+                span.set_attribute(key, value)
+    if run.is_terminal:
+        try:
+            run_root_end(run)
+        except Exception:  # noqa: BLE001
+            logger.warning("tracing: root end of run %s", run.id, exc_info=True)
+
+
+class ChatRecorder:
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+
+    def reply(self, reply: Any) -> None:
+        """Record a ModelReply or a ModelError on the chat span."""
+        span = self.span
+        if isinstance(reply, Exception):
+            span.set_attribute(
+                "error.type", getattr(reply, "kind", type(reply).__name__)
+            )
+            span.set_status(Status(StatusCode.ERROR, str(reply)))
+            return
+        span.set_attribute("gen_ai.response.model", reply.model or "")
+        span.set_attribute("gen_ai.response.finish_reasons", [reply.finish_reason])
+        span.set_attribute("gen_ai.usage.input_tokens", reply.usage.input_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", reply.usage.output_tokens)
+        if reply.response_id or reply.provider_request_id:
+            span.set_attribute(
+                "gen_ai.response.id", reply.response_id or reply.provider_request_id
+            )
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+        if reply.tool_calls:
+            message["tool_calls"] = [call.to_dict() for call in reply.tool_calls]
+        span.set_attribute("gen_ai.output.messages", _json([message]))
+
+
+@contextmanager
+def chat_span(
+    run: Run, *, messages: Any, tools: Any, max_tokens: int | None = None
+) -> Iterator[ChatRecorder]:
+    """`chat {model}` around one model call; the caller records the reply."""
+    if not _traced(run):
+        yield ChatRecorder(trace.INVALID_SPAN)
+        return
+    agent = run.agent
+    attributes: dict[str, Any] = {
+        **_run_attributes(run),
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": agent.model_adapter,
+        "gen_ai.request.model": agent.model,
+        "gen_ai.agent.name": agent.slug,
+        "gen_ai.input.messages": _json(list(messages)),
+        "gen_ai.tool.definitions": _json(list(tools)),
+    }
+    if max_tokens:
+        attributes["gen_ai.request.max_tokens"] = max_tokens
+    with tracer().start_as_current_span(
+        f"chat {agent.model}", kind=SpanKind.CLIENT, attributes=attributes
+    ) as span:
+        yield ChatRecorder(span)
+
+
+class ToolRecorder:
+    def __init__(self, span: trace.Span, run: Run) -> None:
+        self.span = span
+        self.run = run
+
+    def result(self, result: Any, *, executed: bool = True) -> None:
+        """Record a ToolResult; a sandbox report becomes a `sandbox` child span."""
+        span = self.span
+        span.set_attribute("gen_ai.tool.call.result", _json(result.to_dict()))
+        span.set_attribute("cp.tool.executed", executed)
+        if not result.ok:
+            code = (
+                (result.error or {}).get("code") if hasattr(result, "error") else None
+            )
+            span.set_attribute("error.type", str(code or "tool_error"))
+            span.set_status(Status(StatusCode.ERROR, str(code or "tool_error")))
+        for ref in result.refs:
+            if ref.get("kind") == "sandbox_result":
+                self._sandbox(ref.get("result") or {})
+
+    def _sandbox(self, report: dict[str, Any]) -> None:
+        if not self.span.is_recording():
+            return
+        end = time_ns()
+        duration_ms = report.get("duration_ms") or 0
+        attributes: dict[str, Any] = {**_run_attributes(self.run)}
+        for key in ("termination_cause", "exit_code", "signal_name", "error"):
+            if report.get(key) is not None:
+                attributes[f"cp.sandbox.{key}"] = report[key]
+        for group in ("limits", "enforcement", "usage"):
+            value = report.get(group)
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if isinstance(item, (str, bool, int, float)):
+                        attributes[f"cp.sandbox.{group}.{key}"] = item
+                    elif item is not None:
+                        attributes[f"cp.sandbox.{group}.{key}"] = _json(item)
+            elif isinstance(value, (str, bool, int, float)):
+                attributes[f"cp.sandbox.{group}"] = value
+        span = tracer().start_span(
+            "sandbox",
+            start_time=end - int(float(duration_ms) * 1_000_000),
+            attributes=attributes,
+        )
+        cause = report.get("termination_cause")
+        if cause and cause not in ("exited", "exit"):
+            span.set_attribute("error.type", str(cause))
+        span.end(end_time=end)
+
+
+def time_ns() -> int:
+    import time
+
+    return time.time_ns()
+
+
+@contextmanager
+def tool_span(run: Run, *, call: Any, effect: str = "") -> Iterator[ToolRecorder]:
+    """`execute_tool {tool}` around one tool execution."""
+    if not _traced(run):
+        yield ToolRecorder(trace.INVALID_SPAN, run)
+        return
+    attributes: dict[str, Any] = {
+        **_run_attributes(run),
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": call.name,
+        "gen_ai.tool.call.id": call.call_id,
+        "gen_ai.tool.type": "function",
+        "gen_ai.tool.call.arguments": call.raw_arguments or _json(call.arguments),
+    }
+    if effect:
+        attributes["cp.tool.effect"] = effect
+    with tracer().start_as_current_span(
+        f"execute_tool {call.name}", attributes=attributes
+    ) as span:
+        yield ToolRecorder(span, run)
+
+
+def _approval_span_id(tool_call_id: Any) -> int:
+    import uuid
+
+    return (uuid.UUID(str(tool_call_id)).int >> 64) or 1
+
+
+def approval_span_open(run: Run, *, tool_call: Any, decision: dict[str, Any]) -> None:
+    """Start `approval {tool}` under the current step; it ends when decided."""
+    if not _traced(run):
+        return
+    try:
+        with (
+            long_lived(),
+            fixed_ids(trace_id=_trace_id(run), span_id=_approval_span_id(tool_call.id)),
+        ):
+            tracer().start_span(
+                f"approval {tool_call.tool_name}",
+                attributes={
+                    **_run_attributes(run),
+                    "gen_ai.tool.name": tool_call.tool_name,
+                    "gen_ai.tool.call.id": tool_call.call_id,
+                    "cp.approval.status": "pending",
+                    "cp.approval.rule": str(decision.get("rule") or ""),
+                    "cp.approval.reason": str(decision.get("reason") or ""),
+                },
+            )
+    except Exception:  # noqa: BLE001 - tracing never stops a run
+        logger.warning("tracing: approval span of %s", tool_call.id, exc_info=True)
+
+
+def approval_span_settle(run: Run, *, tool_call: Any) -> None:
+    """End the approval span once the request is decided (no-op while pending)."""
+    if not _traced(run):
+        return
+    try:
+        from approvals.models import ApprovalRequest
+
+        request = ApprovalRequest.objects.filter(tool_call_id=tool_call.id).first()
+        if request is None or request.status == ApprovalRequest.Status.PENDING:
+            return
+        decided_at = getattr(request, "decided_at", None) or timezone.now()
+        decider = getattr(request, "decided_by", None)
+        attributes: dict[str, Any] = {
+            "cp.approval.status": request.status,
+            "cp.approval.rule": request.rule,
+            "cp.approval.wait_seconds": round(
+                (decided_at - request.requested_at).total_seconds(), 3
+            ),
+        }
+        if decider is not None:
+            attributes["cp.approval.decider"] = decider.get_username()
+        _resume_and_end(
+            run,
+            span_id=f"{_approval_span_id(tool_call.id):016x}",
+            attributes=attributes,
+        )
+    except Exception:  # noqa: BLE001 - tracing never stops a run
+        logger.warning("tracing: approval span of %s", tool_call.id, exc_info=True)
