@@ -4,4 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from tracing.routing import websocket_urlpatterns as tracing_websockets
+
+websocket_urlpatterns: list[Any] = [*tracing_websockets]

@@ -1,0 +1,334 @@
+"""Live streams: one run's events and a tenant's run/approval events (DESIGN.md §7).
+
+The client says the last seq it holds; the server joins the group first, replays
+everything after that seq from the log, then forwards live events, dropping what
+it already sent and filling any gap in seq from the log (the channel layer may
+drop messages; the log is the record). Consumers never write to the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+
+from controlplane.tenancy import SESSION_TENANT_KEY, TenantContext, tenant_context_for
+from tracing import selectors
+from tracing.services import event_message, run_group, tenant_group
+
+__all__ = ["RunStreamConsumer", "TenantStreamConsumer"]
+
+logger = logging.getLogger(__name__)
+
+CLOSE_BAD_MESSAGE = 4400
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+CLOSE_SLOW_CLIENT = 4408
+
+REPLAY_PAGE = 500
+
+
+class BadMessage(ValueError):
+    pass
+
+
+def _cursor(value: Any, name: str) -> int:
+    if isinstance(value, bool) or value is None:
+        raise BadMessage(f"{name} must be a non-negative integer")
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or value < 0:
+        raise BadMessage(f"{name} must be a non-negative integer")
+    return value
+
+
+class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+    """Authorisation, a bounded send queue, heartbeats and bad-message handling."""
+
+    cursor_name = "after_seq"
+    context: TenantContext | None = None
+
+    async def _tenant_context(self) -> TenantContext | None:
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        session = self.scope.get("session")
+        requested = (query.get("tenant") or [None])[0] or (
+            session.get(SESSION_TENANT_KEY) if session is not None else None
+        )
+        context: TenantContext | None = await database_sync_to_async(
+            tenant_context_for
+        )(
+            user=self.scope.get("user"),
+            token=self.scope.get("api_token"),
+            requested_slug=requested,
+        )
+        return context
+
+    def _query_cursor(self) -> int | None:
+        query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
+        raw = (query.get(self.cursor_name) or [None])[0]
+        return None if raw is None else _cursor(raw, self.cursor_name)
+
+    async def _refuse(self, code: int, message: str) -> None:
+        # Accept first so a browser sees the close code and reason.
+        await self.accept()
+        await self.send_json({"type": "error", "code": code, "message": message})
+        await self.close(code=code)
+
+    async def _start_pumps(self) -> None:
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(
+            maxsize=settings.STREAM_QUEUE_EVENTS
+        )
+        self.closing = False
+        self.sender = asyncio.create_task(self._send_loop())
+        self.heart = asyncio.create_task(self._heartbeat_loop())
+
+    async def _stop_pumps(self) -> None:
+        for task in (getattr(self, "sender", None), getattr(self, "heart", None)):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _send_loop(self) -> None:
+        while True:
+            frame = await self.queue.get()
+            await self.send_json(frame)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(settings.STREAM_HEARTBEAT_SECONDS)
+            await self._on_heartbeat()
+
+    async def _on_heartbeat(self) -> None:
+        await self._enqueue({"type": "heartbeat"})
+
+    async def _enqueue(self, frame: dict[str, Any]) -> bool:
+        """Queue a frame; a client too slow to keep up is disconnected."""
+        if self.closing:
+            return False
+        try:
+            self.queue.put_nowait(frame)
+        except asyncio.QueueFull:
+            self.closing = True
+            await self.send_json(
+                {
+                    "type": "error",
+                    "code": CLOSE_SLOW_CLIENT,
+                    "message": "the client did not keep up; reconnect with the last "
+                    "seq it holds",
+                    **self._position(),
+                }
+            )
+            await self.close(code=CLOSE_SLOW_CLIENT)
+            return False
+        return True
+
+    def _position(self) -> dict[str, Any]:
+        return {}
+
+    async def receive(
+        self, text_data: str | None = None, bytes_data: Any = None
+    ) -> None:
+        try:
+            if text_data is None:
+                raise BadMessage("messages are JSON text frames")
+            try:
+                content = json.loads(text_data)
+            except ValueError as exc:
+                raise BadMessage("the message is not JSON") from exc
+            if not isinstance(content, dict):
+                raise BadMessage("the message is not a JSON object")
+            await self.receive_json(content)
+        except BadMessage as exc:
+            await self.send_json(
+                {"type": "error", "code": CLOSE_BAD_MESSAGE, "message": str(exc)}
+            )
+            await self.close(code=CLOSE_BAD_MESSAGE)
+
+
+class RunStreamConsumer(_StreamConsumer):
+    """`/ws/runs/<id>/`: every event of one run, exactly once, in seq order."""
+
+    cursor_name = "after_seq"
+
+    async def connect(self) -> None:
+        self.run: Any = None
+        self.last_seq: int | None = None  # None until the client says where it is
+        self.pending: dict[int, dict[str, Any]] = {}
+        self.context = await self._tenant_context()
+        if self.context is None:
+            await self._refuse(CLOSE_UNAUTHENTICATED, "sign in or send an API token")
+            return
+        run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        self.run = await database_sync_to_async(selectors.run_for_tenant)(
+            tenant=self.context.tenant, run_id=run_id
+        )
+        if self.run is None:
+            await self._refuse(CLOSE_NOT_FOUND, "no such run in this tenant")
+            return
+        try:
+            start = self._query_cursor()
+        except BadMessage as exc:
+            await self._refuse(CLOSE_BAD_MESSAGE, str(exc))
+            return
+        # Join first, then replay: nothing committed after the replay's read is
+        # missed, and what both deliver is dropped by seq.
+        self.group = run_group(self.run.id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self._start_pumps()
+        await self._enqueue({"type": "hello", "run_id": str(self.run.id)})
+        if start is not None:
+            await self._resume(start)
+
+    async def disconnect(self, code: int) -> None:
+        await self._stop_pumps()
+        if getattr(self, "group", None):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    def _position(self) -> dict[str, Any]:
+        return {"last_seq": self.last_seq}
+
+    async def receive_json(self, content: dict[str, Any], **kwargs: Any) -> None:
+        kind = content.get("type", "resume")
+        if kind == "resume":
+            if "run_id" in content and str(content["run_id"]) != str(self.run.id):
+                raise BadMessage("this stream is for one run; open another for that")
+            await self._resume(_cursor(content.get("after_seq", 0), "after_seq"))
+        elif kind == "ping":
+            await self._enqueue({"type": "pong", **self._position()})
+        else:
+            raise BadMessage(f"unknown message type {kind!r}")
+
+    async def _resume(self, after_seq: int) -> None:
+        self.last_seq = after_seq
+        await self._fill(upto=None)
+        # Live events that arrived before the client said where it was.
+        buffered, self.pending = sorted(self.pending.items()), {}
+        for _, event in buffered:
+            await self._deliver(event)
+
+    async def _fill(self, *, upto: int | None) -> None:
+        """Send what the log holds after last_seq (up to `upto`), in pages."""
+        while not self.closing:
+            assert self.last_seq is not None
+            page = await database_sync_to_async(self._page)(self.last_seq, upto)
+            for event in page:
+                await self._send_event(event)
+            if len(page) < REPLAY_PAGE:
+                return
+
+    def _page(self, after: int, upto: int | None) -> list[dict[str, Any]]:
+        query = selectors.run_events_after(run=self.run, after_seq=after)
+        if upto is not None:
+            query = query.filter(seq__lte=upto)
+        return [event_message(event) for event in query[:REPLAY_PAGE]]
+
+    async def _send_event(self, event: dict[str, Any]) -> None:
+        assert self.last_seq is not None
+        if event["seq"] != self.last_seq + 1:
+            return
+        if await self._enqueue({"type": "event", "event": event}):
+            self.last_seq = event["seq"]
+
+    async def _deliver(self, event: dict[str, Any]) -> None:
+        if self.last_seq is None:
+            if len(self.pending) < settings.STREAM_QUEUE_EVENTS:
+                self.pending[event["seq"]] = event
+            return
+        seq = event["seq"]
+        if seq <= self.last_seq:
+            return  # already replayed
+        if seq > self.last_seq + 1:
+            await self._fill(upto=seq - 1)  # the layer lost some: the log has them
+        await self._send_event(event)
+
+    async def run_event(self, message: dict[str, Any]) -> None:
+        """A live event broadcast by run_event_append after commit."""
+        await self._deliver(message["event"])
+
+    async def _on_heartbeat(self) -> None:
+        # A lost broadcast at the tail shows no gap until the next event: the
+        # heartbeat looks at the log too.
+        if self.last_seq is not None:
+            await self._fill(upto=None)
+        await self._enqueue({"type": "heartbeat", **self._position()})
+
+
+class TenantStreamConsumer(_StreamConsumer):
+    """`/ws/tenant/`: run and approval events of the caller's tenant (lists and
+    the approvals inbox). Resumes by event id (`after_id`)."""
+
+    cursor_name = "after_id"
+
+    async def connect(self) -> None:
+        self.last_id: int | None = None
+        self.context = await self._tenant_context()
+        if self.context is None:
+            await self._refuse(CLOSE_UNAUTHENTICATED, "sign in or send an API token")
+            return
+        try:
+            start = self._query_cursor()
+        except BadMessage as exc:
+            await self._refuse(CLOSE_BAD_MESSAGE, str(exc))
+            return
+        self.group = tenant_group(self.context.tenant.id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self._start_pumps()
+        await self._enqueue({"type": "hello", "tenant": self.context.tenant.slug})
+        if start is not None:
+            await self._resume(start)
+
+    async def disconnect(self, code: int) -> None:
+        await self._stop_pumps()
+        if getattr(self, "group", None):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    def _position(self) -> dict[str, Any]:
+        return {"last_id": self.last_id}
+
+    async def receive_json(self, content: dict[str, Any], **kwargs: Any) -> None:
+        kind = content.get("type", "resume")
+        if kind == "resume":
+            assert self.context is not None
+            if "tenant" in content and content["tenant"] != self.context.tenant.slug:
+                raise BadMessage("this stream is for your current tenant only")
+            await self._resume(_cursor(content.get("after_id", 0), "after_id"))
+        elif kind == "ping":
+            await self._enqueue({"type": "pong", **self._position()})
+        else:
+            raise BadMessage(f"unknown message type {kind!r}")
+
+    async def _resume(self, after_id: int) -> None:
+        self.last_id = after_id
+        assert self.context is not None
+        tenant = self.context.tenant
+
+        def page(after: int) -> list[dict[str, Any]]:
+            query = selectors.tenant_events_after(tenant=tenant, after_id=after)
+            return [event_message(event) for event in query[:REPLAY_PAGE]]
+
+        while not self.closing:
+            events = await database_sync_to_async(page)(self.last_id)
+            for event in events:
+                await self._send(event)
+            if len(events) < REPLAY_PAGE:
+                return
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        if self.last_id is not None and event["id"] <= self.last_id:
+            return
+        if await self._enqueue({"type": "event", "event": event}):
+            self.last_id = event["id"]
+
+    async def run_event(self, message: dict[str, Any]) -> None:
+        await self._send(message["event"])

@@ -1,0 +1,68 @@
+"""Reads of spans and run events, scoped to the caller's tenant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from controlplane.models import Tenant
+from runs.models import Run
+from tracing.models import RunEvent, Span, SpanPayload
+from tracing.services import TENANT_EVENT_PREFIXES
+
+__all__ = [
+    "run_events_after",
+    "run_for_tenant",
+    "span_children",
+    "span_for_tenant",
+    "span_payloads",
+    "tenant_events_after",
+]
+
+
+def run_for_tenant(*, tenant: Tenant, run_id: Any) -> Run | None:
+    return Run.objects.filter(tenant=tenant, id=run_id).first()
+
+
+def run_events_after(*, run: Run, after_seq: int) -> QuerySet[RunEvent]:
+    return RunEvent.objects.filter(run=run, seq__gt=after_seq).order_by("seq")
+
+
+def run_events_between(*, run_id: Any, after_seq: int, upto_seq: int) -> list[RunEvent]:
+    return list(
+        RunEvent.objects.filter(
+            run_id=run_id, seq__gt=after_seq, seq__lte=upto_seq
+        ).order_by("seq")
+    )
+
+
+def tenant_events_after(*, tenant: Tenant, after_id: int) -> QuerySet[RunEvent]:
+    query = RunEvent.objects.none()
+    for prefix in TENANT_EVENT_PREFIXES:
+        query = query | RunEvent.objects.filter(type__startswith=prefix)
+    return query.filter(run__tenant=tenant, id__gt=after_id).order_by("id")
+
+
+def span_children(*, run: Run, parent_span_id: str) -> QuerySet[Span]:
+    """Spans of the run whose parent is `parent_span_id` ("" for the roots)."""
+    return Span.objects.filter(run=run, parent_span_id=parent_span_id).order_by(
+        "started_at", "id"
+    )
+
+
+def span_for_tenant(*, tenant: Tenant, span_pk: int) -> Span | None:
+    return Span.objects.filter(run__tenant=tenant, pk=span_pk).first()
+
+
+def span_payloads(*, tenant: Tenant, span: Span) -> dict[str, Any]:
+    """The span's payload bodies by attribute name (JSON text as stored)."""
+    rows = SpanPayload.objects.filter(
+        tenant=tenant, sha256__in=list(span.payloads.values())
+    )
+    by_hash = {row.sha256: row for row in rows}
+    return {
+        name: by_hash[digest].content
+        for name, digest in span.payloads.items()
+        if digest in by_hash
+    }
