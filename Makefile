@@ -32,6 +32,7 @@ lint: install-dev
 	$(VENV)/bin/mypy .
 
 bench: install-dev
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench
 
 clean:

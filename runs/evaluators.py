@@ -1,4 +1,4 @@
-"""Evaluators decide whether a finished run succeeded; the model's word is not enough."""
+"""Evaluators decide whether a finished run succeeded; the model's word is not."""
 
 from __future__ import annotations
 

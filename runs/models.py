@@ -40,7 +40,9 @@ class Agent(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "slug"], name="agent_slug_per_tenant")
+            models.UniqueConstraint(
+                fields=["tenant", "slug"], name="agent_slug_per_tenant"
+            )
         ]
 
     def __str__(self) -> str:
@@ -157,7 +159,9 @@ class ToolCall(models.Model):
         CANCELLED = "cancelled"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_call_rows")
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="tool_call_rows"
+    )
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="tool_calls")
     position = models.PositiveIntegerField()
     call_id = models.CharField(max_length=200)

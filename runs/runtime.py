@@ -1,4 +1,4 @@
-"""Build the engine's parts for a run: model adapter, tools, policy, limits, evaluator."""
+"""Build the engine parts of a run: model adapter, tools, policy, limits, evaluator."""
 
 from __future__ import annotations
 

@@ -34,7 +34,9 @@ def run_get_for(*, tenant: Tenant, run_id: str | uuid.UUID) -> Run | None:
             Prefetch(
                 "step_rows",
                 queryset=Step.objects.order_by("index").prefetch_related(
-                    Prefetch("tool_calls", queryset=ToolCall.objects.order_by("position"))
+                    Prefetch(
+                        "tool_calls", queryset=ToolCall.objects.order_by("position")
+                    )
                 ),
             )
         )

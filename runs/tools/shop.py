@@ -43,7 +43,9 @@ def _order_view(order: ShopOrder) -> dict[str, Any]:
         "amount": str(order.amount),
         "status": order.status,
         "damaged": order.damaged,
-        "delivery_date": order.delivery_date.isoformat() if order.delivery_date else None,
+        "delivery_date": order.delivery_date.isoformat()
+        if order.delivery_date
+        else None,
     }
 
 
@@ -59,7 +61,9 @@ def lookup_order(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 def get_delivery_date(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     order = _order(ctx.tenant_id, arguments["order_id"])
-    replacement = Replacement.objects.filter(order=order).order_by("-created_at").first()
+    replacement = (
+        Replacement.objects.filter(order=order).order_by("-created_at").first()
+    )
     if replacement is not None:
         return {
             "order_id": order.order_id,
@@ -69,13 +73,17 @@ def get_delivery_date(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, 
     return {
         "order_id": order.order_id,
         "shipment": "original",
-        "delivery_date": order.delivery_date.isoformat() if order.delivery_date else None,
+        "delivery_date": order.delivery_date.isoformat()
+        if order.delivery_date
+        else None,
     }
 
 
 def create_replacement(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     if not ctx.idempotency_key:
-        raise ToolFailure(ErrorCode.EINVAL, "create_replacement needs an idempotency key")
+        raise ToolFailure(
+            ErrorCode.EINVAL, "create_replacement needs an idempotency key"
+        )
     order = _order(ctx.tenant_id, arguments["order_id"])
     with transaction.atomic():
         # The key makes a retry after a crash return the first replacement.
@@ -122,7 +130,11 @@ def refund(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         amount=Decimal(str(arguments["amount"])),
         reason=arguments["reason"],
     )
-    return {"refund_id": created.id, "order_id": order.order_id, "amount": str(created.amount)}
+    return {
+        "refund_id": created.id,
+        "order_id": order.order_id,
+        "amount": str(created.amount),
+    }
 
 
 def _contract(**fields: Any) -> ToolContract:

@@ -22,7 +22,9 @@ class ShopOrder(models.Model):
     class Meta:
         app_label = "runs"
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "order_id"], name="order_per_tenant")
+            models.UniqueConstraint(
+                fields=["tenant", "order_id"], name="order_per_tenant"
+            )
         ]
 
     def __str__(self) -> str:

@@ -25,7 +25,8 @@ REPLACE_SCRIPT = [
 ]  # fmt: skip
 REFUND_SCRIPT = [
     {"tool_calls": [{"id": "c1", "name": "refund",
-                     "arguments": {"order_id": "4821", "amount": 10, "reason": "dent"}}]},
+                     "arguments": {"order_id": "4821", "amount": 10,
+                                   "reason": "dent"}}]},
     {"text": "Refunded."},
 ]  # fmt: skip
 LOOKUP_SCRIPT = [

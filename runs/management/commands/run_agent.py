@@ -75,8 +75,10 @@ class Command(BaseCommand):
             agents = agents.filter(tenant__slug=tenant_slug)
         found = list(agents[:2])
         if not found:
-            raise CommandError(f"No agent {agent_slug!r}" + (
-                f" in tenant {tenant_slug!r}." if tenant_slug else "."))
+            raise CommandError(
+                f"No agent {agent_slug!r}"
+                + (f" in tenant {tenant_slug!r}." if tenant_slug else ".")
+            )
         if len(found) > 1:
             raise CommandError("Several tenants have this agent; pass --tenant.")
         return found[0].tenant
