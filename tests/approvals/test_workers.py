@@ -24,7 +24,7 @@ from tests.approvals.conftest import (
 )
 from tests.conftest import start_worker
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
 def settled(run: Run) -> Run | None:
