@@ -248,6 +248,7 @@ class RunCgroup:
         ok = True
         for key in list(self.dirs):
             path = self.dirs[key]
+            delay = 0.0002
             while True:
                 try:
                     path.rmdir()
@@ -260,7 +261,8 @@ class RunCgroup:
                     if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
                         ok = False
                         break
-                    time.sleep(0.005)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.02)
         return ok
 
 

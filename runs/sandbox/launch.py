@@ -19,7 +19,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-INIT_PATH_INSIDE = "/run/sandbox/init.py"
 PROXY_SOCKET_INSIDE = "/run/sandbox/proxy.sock"
 WORKSPACE_INSIDE = "/workspace"
 LAUNCHER_EXIT_CGROUP = 125
@@ -111,8 +110,15 @@ def launcher_argv(procs_files: Sequence[str], rest: Sequence[str]) -> list[str]:
     ]
 
 
-def init_argv(python: str, config: dict[str, str], command: Sequence[str]) -> list[str]:
+def init_path_inside(installed: Path) -> str:
+    """Where the init appears inside; the suffix tells Python whether it is a .pyc."""
+    return f"/run/sandbox/init{installed.suffix}"
+
+
+def init_argv(
+    python: str, init_path: str, config: dict[str, str], command: Sequence[str]
+) -> list[str]:
     # -S no site, -E/-I ignore PYTHON* and user site, -B no .pyc writes: the init must
     # start fast and must not be steerable by the workload's environment.
     encoded = ",".join(f"{k}={v}" for k, v in config.items())
-    return [python, "-S", "-E", "-I", "-B", INIT_PATH_INSIDE, encoded, "--", *command]
+    return [python, "-S", "-E", "-I", "-B", init_path, encoded, "--", *command]

@@ -8,15 +8,20 @@ import select
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from . import launch
-from .capabilities import HostCapabilities, probe_host, require_layers
+from .capabilities import (
+    HostCapabilities,
+    SandboxUnavailable,
+    probe_host,
+    require_layers,
+)
 from .cgroup import RunCgroup
+from .init_install import install_init
 from .ownership import run_name
 from .paths import PathRefused, check_path
 from .proxy import EgressProxy
@@ -32,8 +37,6 @@ _BASE_ENV = {
     "LANG": "C.UTF-8",
     "TMPDIR": "/tmp",
 }
-_install_lock = threading.Lock()
-_installed_init: dict[str, bytes] = {}
 
 
 def run_in_sandbox(
@@ -50,6 +53,10 @@ def run_in_sandbox(
     caps = probe_host(settings)
     planned = caps.planned_layers()
     require_layers(planned, settings.required_layers)
+    if not spec.network.is_none and not planned["netns"]:
+        # The proxy bridge lives inside the sandbox's own network namespace; without
+        # one an allowlist cannot be enforced at all.
+        raise SandboxUnavailable(["netns"], "a network allowlist needs a netns")
     enforcement = _enforcement(caps, planned, spec)
     for rel in spec.paths:
         try:
@@ -86,7 +93,7 @@ class _Run:
         self.proxy: EgressProxy | None = None
 
     def execute(self) -> SandboxResult:
-        init_path = _install_init(self.settings)
+        init_path = install_init(self.settings)
         self.run_dir.mkdir(parents=True, mode=0o711)
         files: _Files | None = None
         try:
@@ -163,7 +170,6 @@ class _Run:
             config["bridge"] = (
                 f"{self.settings.proxy_port}:{launch.PROXY_SOCKET_INSIDE}"
             )
-        command = launch.init_argv(self.settings.python, config, self.spec.argv)
         uid, gid = self.settings.sandbox_uid, self.settings.sandbox_gid
         rest: list[str] = []
         if self.caps.is_root:
@@ -171,6 +177,21 @@ class _Run:
             rest += launch.setpriv_argv(self.caps.setpriv, uid, gid)
         else:
             uid, gid = os.getuid(), os.getgid()
+        if not self.caps.bwrap_works:
+            # Degraded mode, allowed only when required_layers says so: no
+            # namespaces, the init runs from the host path, the enforcement map
+            # shows every missing layer.
+            command = launch.init_argv(
+                self.settings.python, str(init_path), config, self.spec.argv
+            )
+            procs = self.cgroup.procs_files if self.cgroup is not None else []
+            return launch.launcher_argv(procs, rest + command)
+        command = launch.init_argv(
+            self.settings.python,
+            launch.init_path_inside(init_path),
+            config,
+            self.spec.argv,
+        )
         assert self.caps.bwrap is not None
         rest += launch.bwrap_argv(
             self.caps.bwrap,
@@ -178,7 +199,7 @@ class _Run:
             gid=gid,
             workspace=self.workspace,
             tmpfs_bytes=limits.tmpfs_mb * 1024 * 1024,
-            extra_ro_binds=[(str(init_path), launch.INIT_PATH_INSIDE)],
+            extra_ro_binds=[(str(init_path), launch.init_path_inside(init_path))],
             extra_binds=extra,
         )
         rest += command
@@ -187,6 +208,8 @@ class _Run:
 
     def _environment(self) -> dict[str, str]:
         env = dict(_BASE_ENV)
+        if not self.caps.bwrap_works:
+            env["HOME"] = str(self.workspace)
         env.update(self.spec.env)
         if self.proxy is not None:
             url = f"http://127.0.0.1:{self.settings.proxy_port}"
@@ -211,7 +234,7 @@ class _Run:
                 close_fds=True,
                 start_new_session=True,
                 env=self._environment(),
-                cwd="/",
+                cwd="/" if self.caps.bwrap_works else str(self.workspace),
             )
         except BaseException:
             os.close(status_r)
@@ -442,27 +465,6 @@ def _refused(refused: PathRefused, enforcement: dict[str, Any]) -> SandboxResult
         enforcement=enforcement,
         reap_confirmed=True,  # nothing was spawned
     )
-
-
-def _install_init(settings: SandboxSettings) -> Path:
-    """Copy the init where the sandbox uid can read it (the repo may not be)."""
-    source = Path(__file__).with_name("sandbox_init.py")
-    target = settings.state_dir / "bin" / "sandbox_init.py"
-    with _install_lock:
-        content = _installed_init.get(str(target))
-        if content is None or not target.exists():
-            content = source.read_bytes()
-            target.parent.mkdir(parents=True, exist_ok=True)
-            for d in (settings.state_dir, target.parent, settings.state_dir / "runs"):
-                d.mkdir(parents=True, exist_ok=True)
-                os.chmod(d, 0o711)
-            if not target.exists() or target.read_bytes() != content:
-                tmp = target.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_bytes(content)
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, target)
-            _installed_init[str(target)] = content
-    return target
 
 
 def _give_workspace_to_sandbox(workspace: Path, settings: SandboxSettings) -> None:

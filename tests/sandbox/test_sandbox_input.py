@@ -197,3 +197,27 @@ def test_cli_usage_errors_exit_2(settings: SandboxSettings, args: list[str]) -> 
     proc = _cli(*args, settings=settings)
     assert proc.returncode == 2
     assert "error:" in proc.stderr and proc.stdout == ""
+
+
+def test_degraded_host_runs_with_what_it_has_and_says_so(
+    settings: SandboxSettings, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An operator who lowered the minimum set on a host without bubblewrap still gets
+    # the uid drop, rlimits and cgroup, and a map that shows what is missing.
+    real = capabilities_module.probe_host(settings)
+    no_bwrap = replace(real, bwrap=None, bwrap_works=False)
+    monkeypatch.setattr(runner_module, "probe_host", lambda s: no_bwrap)
+    lowered = replace(
+        settings,
+        required_layers=frozenset({"uid_drop", "rlimits", "cgroup_kill", "pids_limit"}),
+    )
+    spec = SandboxSpec(argv=["id", "-u"], workspace=workspace)
+    r = run_in_sandbox(spec, lowered)
+    assert r.ok and r.stdout == "65534\n"
+    e = r.enforcement
+    assert (e["bwrap"], e["pidns"], e["netns"], e["mountns"]) == (False,) * 4
+    assert e["uid_drop"] and e["cgroup_kill"] and e["pids_limit"]
+    with pytest.raises(SandboxUnavailable):  # an allowlist needs a netns
+        run_in_sandbox(
+            replace(spec, network=NetworkPolicy.parse("a.test:443")), lowered
+        )
