@@ -86,3 +86,24 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.object_type}:{self.object_id}"
+
+
+# Budgets live in their own module; imported here so they belong to this app.
+from controlplane.budget_models import (  # noqa: E402
+    Budget,
+    BudgetCounter,
+    BudgetLedgerEntry,
+    ModelPriceEntry,
+)
+
+__all__ = [
+    "ApiToken",
+    "AuditEvent",
+    "Budget",
+    "BudgetCounter",
+    "BudgetLedgerEntry",
+    "Membership",
+    "ModelPriceEntry",
+    "Role",
+    "Tenant",
+]

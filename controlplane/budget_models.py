@@ -1,0 +1,145 @@
+"""Tenant budgets, their period counters, the ledger and the model price table.
+
+Imported by `controlplane.models`, so they belong to the controlplane app.
+"""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.db import models
+
+from controlplane.models import Tenant
+
+# The period dimensions a tenant can limit, per day and per month.
+PERIOD_DIMENSIONS = ("input_tokens", "output_tokens", "cost", "runs")
+PERIODS = ("day", "month")
+
+
+class Budget(models.Model):
+    """A tenant's limits: per period, per run (the ceiling) and concurrent runs.
+
+    `period_limits` is `{"day": {dimension: limit}, "month": {...}}`; a missing
+    dimension has no limit. `run_caps` uses the engine's BudgetLimits keys.
+    """
+
+    class PeriodMode(models.TextChoices):
+        CALENDAR = "calendar"  # the UTC day / month
+        ROLLING = "rolling"  # the last 24 hours / 30 days, in hour / day buckets
+
+    tenant = models.OneToOneField(
+        Tenant, on_delete=models.CASCADE, related_name="budget"
+    )
+    period_mode = models.CharField(
+        max_length=16, choices=PeriodMode.choices, default=PeriodMode.CALENDAR
+    )
+    period_limits = models.JSONField(default=dict)
+    run_caps = models.JSONField(default=dict)
+    max_concurrent_runs = models.PositiveIntegerField(null=True, blank=True)
+    allow_unknown_price = models.BooleanField(default=False)
+    version = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"budget of {self.tenant}"
+
+
+class BudgetCounter(models.Model):
+    """Use and reservations of one tenant in one period bucket.
+
+    Calendar mode has one bucket per day and per month; rolling mode has hour
+    buckets (summed over 24 hours) and day buckets (summed over 30 days).
+    """
+
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="budget_counters"
+    )
+    period = models.CharField(max_length=8)  # day | month
+    bucket_start = models.DateTimeField()
+    used_input_tokens = models.BigIntegerField(default=0)
+    reserved_input_tokens = models.BigIntegerField(default=0)
+    used_output_tokens = models.BigIntegerField(default=0)
+    reserved_output_tokens = models.BigIntegerField(default=0)
+    used_cost = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    reserved_cost = models.DecimalField(
+        max_digits=18, decimal_places=6, default=Decimal(0)
+    )
+    used_runs = models.BigIntegerField(default=0)
+    reserved_runs = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "period", "bucket_start"],
+                name="one_budget_counter_per_bucket",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.period} {self.bucket_start:%Y-%m-%d %H:%M}"
+
+
+class BudgetLedgerEntry(models.Model):
+    """One reservation and how it ended (settled with actual use, or released)."""
+
+    class Kind(models.TextChoices):
+        MODEL_CALL = "model_call"
+        TOOL_CALL = "tool_call"
+        RUN = "run"
+
+    class Status(models.TextChoices):
+        RESERVED = "reserved"
+        SETTLED = "settled"
+        RELEASED = "released"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="budget_ledger"
+    )
+    # No foreign key: runs depends on controlplane, not the other way round.
+    run_id = models.UUIDField(db_index=True)
+    step_index = models.IntegerField(null=True, blank=True)
+    call_id = models.CharField(max_length=128, blank=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.RESERVED
+    )
+    reserved = models.JSONField(default=dict)  # {input_tokens, output_tokens, cost}
+    actual = models.JSONField(null=True, blank=True)
+    counter_ids = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["run_id", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.status} for run {self.run_id}"
+
+
+class ModelPriceEntry(models.Model):
+    """Price per million tokens for a model; a tenant row overrides the global one."""
+
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.CASCADE,
+        related_name="model_prices",
+        null=True,
+        blank=True,
+    )
+    model = models.CharField(max_length=200)
+    input_per_million = models.DecimalField(max_digits=12, decimal_places=6)
+    cached_input_per_million = models.DecimalField(max_digits=12, decimal_places=6)
+    output_per_million = models.DecimalField(max_digits=12, decimal_places=6)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "model"], name="one_price_per_model_and_tenant"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} ({self.tenant or 'global'})"

@@ -1,0 +1,533 @@
+"""Budget writes and the hooks a run step calls around every spend.
+
+`budget_update` validates and audits a tenant's budget. The run hooks reserve before
+a model or tool call and settle after it (controlplane/budget_ledger.py holds the
+atomic part), admit a run against the runs-per-period limits, and keep runs beyond
+the tenant's concurrency limit queued until a slot frees (oldest first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from controlplane.budget_ledger import (
+    Amounts,
+    BudgetRefusal,
+    budget_of,
+    budget_release_for_run,
+    budget_reserve,
+    budget_settle,
+    window_usage,
+)
+from controlplane.budget_models import (
+    PERIOD_DIMENSIONS,
+    PERIODS,
+    Budget,
+    BudgetLedgerEntry,
+    ModelPriceEntry,
+)
+from controlplane.models import Tenant
+from controlplane.services import audit_record
+from runs.engine.budget import BudgetLimits, BudgetVector, ModelPrice
+from runs.engine.stop import StopReason
+
+if TYPE_CHECKING:
+    from runs.engine.actions import ModelReply
+    from runs.engine.adapters import ModelError
+    from runs.engine.step import ModelCallPlan
+    from runs.engine.tools import Tool
+    from runs.models import Run
+
+UNKNOWN_PRICE = "unknown_price"
+BUDGET_FIELDS = (
+    "period_mode",
+    "period_limits",
+    "run_caps",
+    "max_concurrent_runs",
+    "allow_unknown_price",
+)
+# Which engine stop reason (and so run status) a refused tenant dimension maps to;
+# the exact dimension goes into the run's stop_reason.
+_STOP_REASONS = {
+    "input_tokens": StopReason.MAX_TOKENS,
+    "output_tokens": StopReason.MAX_TOKENS,
+    "cost": StopReason.MAX_COST,
+    "runs": StopReason.MAX_STEPS,
+}
+# Per-run caps that a period limit also bounds.
+_CAP_FOR_PERIOD = {
+    "max_input_tokens": "input_tokens",
+    "max_output_tokens": "output_tokens",
+    "max_cost": "cost",
+}
+
+
+class BudgetInputError(ValueError):
+    """The budget edit is invalid; names the field; nothing was written."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# ---------------------------------------------------------------- prices
+
+
+@dataclass(frozen=True)
+class PriceLookup:
+    price: ModelPrice
+    known: bool
+    cached_input_per_million: Decimal = Decimal(0)
+
+
+def model_price_for(*, model: str, tenant_id: Any) -> PriceLookup:
+    """The tenant's row, else the global row, else the settings default, else unknown.
+
+    An unknown price counts tokens at zero cost; whether the run may go on is
+    decided at reservation time (the cost cannot be bounded).
+    """
+    rows = ModelPriceEntry.objects.filter(
+        Q(tenant_id=tenant_id) | Q(tenant__isnull=True), model=model
+    ).order_by("tenant_id")  # NULL sorts last on PostgreSQL and first on SQLite
+    row = next((r for r in rows if r.tenant_id is not None), None) or next(
+        iter(rows), None
+    )
+    if row is not None:
+        return PriceLookup(
+            ModelPrice(row.input_per_million, row.output_per_million),
+            True,
+            row.cached_input_per_million,
+        )
+    default = settings.BUDGET_DEFAULT_PRICES.get(model)
+    if default is not None:
+        return PriceLookup(
+            ModelPrice(Decimal(default[0]), Decimal(default[2])),
+            True,
+            Decimal(default[1]),
+        )
+    return PriceLookup(ModelPrice(), False)
+
+
+# ---------------------------------------------------------------- budget edits
+
+
+def _non_negative(field: str, value: Any, *, integer: bool) -> Any:
+    if isinstance(value, bool):
+        raise BudgetInputError(field, "must be a non-negative number")
+    if integer:
+        if not isinstance(value, int) or value < 0:
+            raise BudgetInputError(field, "must be a non-negative integer")
+        return value
+    try:
+        number = Decimal(str(value))
+    except (InvalidOperation, ValueError) as exc:
+        raise BudgetInputError(field, "must be a non-negative number") from exc
+    if not isinstance(value, int | float | str | Decimal) or not number.is_finite():
+        raise BudgetInputError(field, "must be a non-negative number")
+    if number < 0:
+        raise BudgetInputError(field, "must be a non-negative number")
+    return str(number)
+
+
+def budget_validate(data: Any, *, current: Budget | None) -> dict[str, Any]:
+    """Check a budget edit; returns the cleaned fields (absent fields are kept)."""
+    if not isinstance(data, dict):
+        raise BudgetInputError("non_field_errors", "expected a JSON object")
+    unknown = sorted(set(data) - set(BUDGET_FIELDS))
+    if unknown:
+        raise BudgetInputError(unknown[0], "unknown field")
+    clean: dict[str, Any] = {}
+    if "period_mode" in data:
+        if data["period_mode"] not in Budget.PeriodMode.values:
+            raise BudgetInputError("period_mode", "must be calendar or rolling")
+        clean["period_mode"] = data["period_mode"]
+    if "period_limits" in data:
+        clean["period_limits"] = _clean_period_limits(data["period_limits"])
+    if "run_caps" in data:
+        caps = data["run_caps"]
+        if not isinstance(caps, dict):
+            raise BudgetInputError("run_caps", "expected an object")
+        for name, value in caps.items():
+            field = f"run_caps.{name}"
+            if name not in BudgetLimits.__dataclass_fields__:
+                raise BudgetInputError(field, "unknown dimension")
+            if value is None:
+                continue
+            integer = name not in ("max_cost", "max_wall_seconds")
+            _non_negative(field, value, integer=integer)
+        try:
+            parsed = BudgetLimits.from_dict(caps).to_dict()
+            clean["run_caps"] = {k: v for k, v in parsed.items() if v is not None}
+        except (ValueError, ArithmeticError) as exc:
+            raise BudgetInputError("run_caps", str(exc)) from exc
+    if "max_concurrent_runs" in data:
+        value = data["max_concurrent_runs"]
+        if value is not None:
+            _non_negative("max_concurrent_runs", value, integer=True)
+            if value < 1:
+                raise BudgetInputError("max_concurrent_runs", "must be at least 1")
+        clean["max_concurrent_runs"] = value
+    if "allow_unknown_price" in data:
+        if not isinstance(data["allow_unknown_price"], bool):
+            raise BudgetInputError("allow_unknown_price", "must be true or false")
+        clean["allow_unknown_price"] = data["allow_unknown_price"]
+    period_limits = clean.get("period_limits", current.period_limits if current else {})
+    run_caps = clean.get("run_caps", current.run_caps if current else {})
+    _check_caps_within_periods(run_caps, period_limits)
+    return clean
+
+
+def _clean_period_limits(raw: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(raw, dict):
+        raise BudgetInputError("period_limits", "expected an object")
+    clean: dict[str, dict[str, Any]] = {}
+    for period, limits in raw.items():
+        if period not in PERIODS:
+            raise BudgetInputError(f"period_limits.{period}", "unknown period")
+        if not isinstance(limits, dict):
+            raise BudgetInputError(f"period_limits.{period}", "expected an object")
+        clean[period] = {}
+        for name, value in limits.items():
+            field = f"period_limits.{period}.{name}"
+            if name not in PERIOD_DIMENSIONS:
+                raise BudgetInputError(field, "unknown dimension")
+            if value is not None:
+                clean[period][name] = _non_negative(
+                    field, value, integer=name != "cost"
+                )
+    return clean
+
+
+def _check_caps_within_periods(
+    run_caps: dict[str, Any], period_limits: dict[str, Any]
+) -> None:
+    for cap, dimension in _CAP_FOR_PERIOD.items():
+        if run_caps.get(cap) is None:
+            continue
+        for period in PERIODS:
+            limit = (period_limits.get(period) or {}).get(dimension)
+            if limit is not None and Decimal(str(run_caps[cap])) > Decimal(str(limit)):
+                raise BudgetInputError(
+                    f"run_caps.{cap}",
+                    f"is above the tenant's {dimension} limit per {period} ({limit})",
+                )
+
+
+def budget_as_dict(budget: Budget | None) -> dict[str, Any]:
+    if budget is None:
+        return {
+            "period_mode": Budget.PeriodMode.CALENDAR.value,
+            "period_limits": {},
+            "run_caps": {},
+            "max_concurrent_runs": None,
+            "allow_unknown_price": False,
+        }
+    return {name: getattr(budget, name) for name in BUDGET_FIELDS}
+
+
+@transaction.atomic
+def budget_update(
+    *, tenant: Tenant, actor: User | None, data: Any, remote_addr: str | None = None
+) -> Budget:
+    """Change the tenant's budget (validated, audited); running runs see it at
+    their next reservation, queued runs start if the concurrency limit grew."""
+    Budget.objects.get_or_create(tenant=tenant)
+    budget = Budget.objects.select_for_update().get(tenant=tenant)
+    clean = budget_validate(data, current=budget)
+    before = budget_as_dict(budget)
+    for name, value in clean.items():
+        setattr(budget, name, value)
+    budget.version += 1
+    budget.save()
+    audit_record(
+        tenant=tenant,
+        actor=actor,
+        action="budget.update",
+        object_type="budget",
+        object_id=str(budget.pk),
+        before=before,
+        after=budget_as_dict(budget),
+        remote_addr=remote_addr,
+    )
+    runs_start_queued(tenant_id=tenant.pk)
+    return budget
+
+
+def budget_usage(*, tenant: Tenant) -> dict[str, Any]:
+    """Used and reserved per period dimension in the current windows."""
+    budget = budget_of(tenant)
+    mode = budget.period_mode if budget else Budget.PeriodMode.CALENDAR
+    now = timezone.now()
+    return {period: window_usage(tenant.pk, mode, period, now) for period in PERIODS}
+
+
+# ---------------------------------------------------------------- run caps
+
+
+def tenant_run_ceiling(tenant_id: Any) -> BudgetLimits:
+    budget = budget_of(tenant_id)
+    return BudgetLimits.from_dict(budget.run_caps if budget else {})
+
+
+# ---------------------------------------------------------------- run hooks
+
+
+def _event(run: Run, type: str, payload: dict[str, Any]) -> None:
+    from tracing.services import run_event_append
+
+    run_event_append(run=run, type=type, payload=payload)
+
+
+def stop_reason_for(refusal: BudgetRefusal) -> StopReason:
+    for name, reason in _STOP_REASONS.items():
+        if refusal.dimension.startswith(f"tenant_{name}_"):
+            return reason
+    return StopReason.MAX_COST  # unknown_price: the cost cannot be bounded
+
+
+def _refuse(run: Run, refusal: BudgetRefusal, **payload: Any) -> BudgetRefusal:
+    _event(
+        run,
+        "budget.exhausted",
+        {"dimension": refusal.dimension, "detail": refusal.detail, **payload},
+    )
+    return refusal
+
+
+def budget_before_model_call(
+    *, run: Run, plan: ModelCallPlan, price_known: bool, step_index: int
+) -> BudgetLedgerEntry | BudgetRefusal | None:
+    """Reserve the model call's worst case; None when the tenant has no budget."""
+    budget = budget_of(run.tenant_id)
+    if not price_known and not (budget and budget.allow_unknown_price):
+        period_cost = budget is not None and any(
+            (budget.period_limits.get(period) or {}).get("cost") is not None
+            for period in PERIODS
+        )
+        if period_cost or run.limits.get("max_cost") is not None:
+            return _refuse(
+                run,
+                BudgetRefusal(
+                    UNKNOWN_PRICE,
+                    f"the price of model {run.agent.model!r} is unknown, so the "
+                    "cost of this run cannot be bounded",
+                ),
+            )
+    if budget is None:
+        return None
+    amounts = Amounts(
+        input_tokens=plan.reservation.input_tokens,
+        output_tokens=plan.reservation.output_tokens,
+        cost=plan.reservation.cost,
+    )
+    result = budget_reserve(
+        budget=budget,
+        run_id=run.pk,
+        kind=BudgetLedgerEntry.Kind.MODEL_CALL,
+        amounts=amounts,
+        step_index=step_index,
+    )
+    if isinstance(result, BudgetRefusal):
+        return _refuse(run, result, kind="model_call", wanted=amounts.to_dict())
+    _event(
+        run,
+        "budget.reserved",
+        {"kind": "model_call", "entry": str(result.pk), **amounts.to_dict()},
+    )
+    return result
+
+
+def budget_after_model_call(
+    *,
+    run: Run,
+    entry: BudgetLedgerEntry | BudgetRefusal | None,
+    reply: ModelReply | ModelError,
+    plan: ModelCallPlan,
+    price: ModelPrice,
+    usage: BudgetVector,
+    limits: BudgetLimits,
+) -> None:
+    """Settle with the recorded usage (never the model's own claims of cost)."""
+    from runs.engine.actions import ModelReply
+    from runs.engine.step import billable_usage
+
+    spent = BudgetVector()
+    if isinstance(reply, ModelReply):
+        billed = billable_usage(reply, plan)
+        spent = BudgetVector(
+            steps=1,
+            input_tokens=billed.input_tokens,
+            output_tokens=billed.output_tokens,
+            cost=price.cost(billed.input_tokens, billed.output_tokens),
+        )
+    if isinstance(entry, BudgetLedgerEntry):
+        actual = Amounts(spent.input_tokens, spent.output_tokens, spent.cost)
+        budget_settle(entry, actual)
+        _event(
+            run,
+            "budget.settled",
+            {"kind": "model_call", "entry": str(entry.pk), **actual.to_dict()},
+        )
+    span_remaining(usage + spent, limits)
+
+
+def budget_before_tool_call(
+    *, run: Run, tool: Tool, call_id: str
+) -> BudgetLedgerEntry | BudgetRefusal | None:
+    """Reserve the tool's declared cost; None when there is nothing to reserve."""
+    cost = tool.money_cost
+    if cost <= 0:
+        return None
+    budget = budget_of(run.tenant_id)
+    if budget is None:
+        return None
+    amounts = Amounts(cost=cost)
+    result = budget_reserve(
+        budget=budget,
+        run_id=run.pk,
+        kind=BudgetLedgerEntry.Kind.TOOL_CALL,
+        amounts=amounts,
+        call_id=call_id,
+    )
+    if isinstance(result, BudgetRefusal):
+        return _refuse(run, result, kind="tool_call", tool=tool.contract.name)
+    _event(
+        run,
+        "budget.reserved",
+        {"kind": "tool_call", "entry": str(result.pk), **amounts.to_dict()},
+    )
+    return result
+
+
+def budget_after_tool_call(
+    *,
+    run: Run,
+    entry: BudgetLedgerEntry | BudgetRefusal | None,
+    tool: Tool,
+    executed: bool,
+    usage: BudgetVector,
+    limits: BudgetLimits,
+) -> None:
+    if isinstance(entry, BudgetLedgerEntry):
+        actual = Amounts(cost=tool.money_cost if executed else Decimal(0))
+        budget_settle(entry, actual)
+        _event(
+            run,
+            "budget.settled",
+            {"kind": "tool_call", "entry": str(entry.pk), **actual.to_dict()},
+        )
+    span_remaining(usage, limits)
+
+
+def span_remaining(usage: BudgetVector, limits: BudgetLimits) -> None:
+    """Put what is left of each run cap on the current span."""
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    for name, left in run_remaining(usage, limits).items():
+        span.set_attribute(f"budget.remaining.{name}", float(left))
+
+
+def run_remaining(usage: BudgetVector, limits: BudgetLimits) -> dict[str, Any]:
+    pairs: dict[str, tuple[Any, Any]] = {
+        "steps": (usage.steps, limits.max_steps),
+        "tool_calls": (usage.tool_calls, limits.max_tool_calls),
+        "input_tokens": (usage.input_tokens, limits.max_input_tokens),
+        "output_tokens": (usage.output_tokens, limits.max_output_tokens),
+        "cost": (usage.cost, limits.max_cost),
+        "wall_seconds": (usage.wall_seconds, limits.max_wall_seconds),
+    }
+    return {name: cap - used for name, (used, cap) in pairs.items() if cap is not None}
+
+
+def run_usage_against_caps(run: Run) -> dict[str, dict[str, Any]]:
+    """For the run API: each dimension's use next to its cap (None: uncapped)."""
+    limits = BudgetLimits.from_dict(run.limits)
+    wall = float((run.engine_state.get("usage") or {}).get("wall_seconds", 0.0))
+    max_cost = None if limits.max_cost is None else str(limits.max_cost)
+    pairs = {
+        "steps": (run.steps, limits.max_steps),
+        "tool_calls": (run.tool_calls, limits.max_tool_calls),
+        "input_tokens": (run.input_tokens, limits.max_input_tokens),
+        "output_tokens": (run.output_tokens, limits.max_output_tokens),
+        "cost": (str(run.cost), max_cost),
+        "wall_seconds": (round(wall, 3), limits.max_wall_seconds),
+    }
+    return {name: {"used": used, "cap": cap} for name, (used, cap) in pairs.items()}
+
+
+def budget_release_run(*, run_id: Any) -> int:
+    """Release a run's open reservations (it ended, or its step crashed)."""
+    return budget_release_for_run(run_id=run_id)
+
+
+# ---------------------------------------------------------------- admission
+
+
+def budget_admit_run(*, run: Run) -> BudgetRefusal | None:
+    """Count the run against the runs-per-period limits; a refusal changes nothing."""
+    budget = budget_of(run.tenant_id)
+    if budget is None:
+        return None
+    one = Amounts(runs=1)
+    result = budget_reserve(
+        budget=budget, run_id=run.pk, kind=BudgetLedgerEntry.Kind.RUN, amounts=one
+    )
+    if isinstance(result, BudgetRefusal):
+        return _refuse(run, result, kind="run")
+    budget_settle(result, one)
+    return None
+
+
+def _active_runs(tenant_id: Any) -> Any:
+    from runs.models import Run
+
+    return Run.objects.filter(tenant_id=tenant_id).filter(
+        Q(status__in=[Run.Status.RUNNING, Run.Status.WAITING_APPROVAL])
+        | Q(status=Run.Status.QUEUED, step_token__isnull=False)
+    )
+
+
+def run_slot_claim(*, run: Run) -> bool:
+    """Whether the new run may start now (call inside run_start's transaction).
+
+    The budget row lock orders concurrent starts; a run that gets no slot stays
+    queued with no step token and no task (nothing is held while it waits).
+    """
+    budget = Budget.objects.select_for_update().filter(tenant_id=run.tenant_id).first()
+    if budget is None or budget.max_concurrent_runs is None:
+        return True
+    active: int = _active_runs(run.tenant_id).exclude(id=run.pk).count()
+    return active < budget.max_concurrent_runs
+
+
+def runs_start_queued(*, tenant_id: Any) -> int:
+    """Start the tenant's oldest waiting runs while slots are free."""
+    from runs.models import Run
+    from runs.services.lifecycle import step_enqueue
+
+    with transaction.atomic():
+        budget = Budget.objects.select_for_update().filter(tenant_id=tenant_id).first()
+        waiting = Run.objects.select_for_update(skip_locked=True).filter(
+            tenant_id=tenant_id, status=Run.Status.QUEUED, step_token__isnull=True
+        )
+        if budget is not None and budget.max_concurrent_runs is not None:
+            free = budget.max_concurrent_runs - _active_runs(tenant_id).count()
+            if free <= 0:
+                return 0
+            waiting = waiting.order_by("created_at", "id")[:free]
+        else:
+            waiting = waiting.order_by("created_at", "id")
+        started = 0
+        for run in waiting:
+            step_enqueue(run)
+            started += 1
+        return started
