@@ -130,8 +130,8 @@ def _workload_status(obs: Observation) -> ExitStatus:
     init = obs.init_status
     if init and "si_code" in init:
         return decode_waitid(int(init["si_code"]), int(init["si_status"]))
-    if obs.killed_for is not None:
-        # The runner killed the tree before the init could report: the workload died
-        # of the runner's SIGKILL.
+    if obs.killed_for is not None or obs.counters.get("oom_kill", 0) > 0:
+        # The runner (or the OOM killer) killed the init before it could report; the
+        # namespace died with it, so the workload died of SIGKILL.
         return ExitStatus(exit_code=None, signal=int(_signal.SIGKILL))
     return ExitStatus(exit_code=None, signal=None)

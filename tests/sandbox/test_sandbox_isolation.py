@@ -110,3 +110,27 @@ def test_argv_is_not_a_shell(settings: SandboxSettings, workspace: Path) -> None
     )
     assert r.stdout == "a; touch pwned $(id)\n"
     assert not (workspace / "pwned").exists()
+
+
+ORPHANS = """
+import os, time
+if os.fork() == 0:           # child: forks a grandchild and exits at once
+    if os.fork() == 0:
+        time.sleep(0.1)
+        os._exit(7)          # the orphan is now a child of the init (pid 1)
+    os._exit(0)
+os.wait()
+time.sleep(0.4)
+states = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        stat = open(f"/proc/{pid}/stat").read()
+        states.append(stat[stat.rindex(")") + 2])
+print("".join(sorted(states)))
+"""
+
+
+def test_orphans_are_reaped_by_the_init(settings: SandboxSettings, workspace: Path) -> None:
+    r = run_python(settings, workspace, ORPHANS)
+    assert r.ok, r.stderr
+    assert "Z" not in r.stdout  # no zombie: the init reaped the re-parented orphan
