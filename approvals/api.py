@@ -173,7 +173,7 @@ class RuleSerializer(serializers.Serializer[Any]):
     name = serializers.CharField()
     tool = serializers.CharField()
     effects = serializers.JSONField()
-    source = serializers.CharField()
+    source = serializers.CharField()  # type: ignore[assignment]  # the rule field
     conditions = serializers.JSONField()
     action = serializers.CharField()
     ttl_seconds = serializers.IntegerField(allow_null=True)
