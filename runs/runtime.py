@@ -28,18 +28,36 @@ class RunRuntime:
     policy: PolicyHook
     limits: BudgetLimits
     evaluator: Evaluator | None
+    price_known: bool = True
 
 
-def effective_limits(agent: Agent, requested: dict[str, Any]) -> BudgetLimits:
-    """The run's caps: the lowest of the platform default, the agent's and the run's.
+def effective_limits(
+    agent: Agent, requested: dict[str, Any], ceiling: BudgetLimits | None = None
+) -> BudgetLimits:
+    """The run's caps: the lowest of the platform default, the tenant's ceiling, the
+    agent's and the run's.
 
-    A run request may lower a cap but never raise it.
+    An agent or a run request may lower a cap but never raise it; a request above
+    the tenant's ceiling is an error (ValueError naming the cap).
     """
-    layers = [
+    wanted = BudgetLimits.from_dict(requested)
+    if ceiling is not None:
+        for name, value in wanted.to_dict().items():
+            top = getattr(ceiling, name)
+            if value is not None and top is not None and float(value) > float(top):
+                raise ValueError(
+                    f"{name} {value} is above the tenant's ceiling of {top}"
+                )
+    return min_limits(
         BudgetLimits.from_dict(settings.RUN_DEFAULT_LIMITS),
+        ceiling or BudgetLimits(),
         BudgetLimits.from_dict(agent.default_limits),
-        BudgetLimits.from_dict(requested),
-    ]
+        wanted,
+    )
+
+
+def min_limits(*layers: BudgetLimits) -> BudgetLimits:
+    """The lowest cap per dimension over the layers (None: uncapped)."""
     merged: dict[str, Any] = {}
     for layer in layers:
         for name, value in layer.to_dict().items():
@@ -63,16 +81,25 @@ def model_adapter_for(agent: Agent, *, replies_consumed: int) -> ModelAdapter:
 
 
 def runtime_for(run: Run, *, replies_consumed: int) -> RunRuntime:
+    from controlplane.budget_services import model_price_for, tenant_run_ceiling
+
     agent = run.agent
+    price = model_price_for(model=agent.model, tenant_id=run.tenant_id)
+    # A ceiling lowered mid-run applies from the next step on.
+    limits = min_limits(
+        BudgetLimits.from_dict(run.limits), tenant_run_ceiling(run.tenant_id)
+    )
     return RunRuntime(
         config=AgentConfig(
             name=agent.slug,
             system_prompt=agent.system_prompt,
             reserve_output_tokens=settings.RUN_RESERVE_OUTPUT_TOKENS,
+            price=price.price,
         ),
         registry=tool_registry_for(agent.tool_names),
         model=model_adapter_for(agent, replies_consumed=replies_consumed),
         policy=import_string(settings.RUN_POLICY_HOOK),
-        limits=BudgetLimits.from_dict(run.limits),
+        limits=limits,
         evaluator=evaluator_for(agent.evaluator, run=run),
+        price_known=price.known,
     )

@@ -19,6 +19,16 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.budget_ledger import BudgetRefusal
+from controlplane.budget_services import (
+    budget_after_model_call,
+    budget_after_tool_call,
+    budget_before_model_call,
+    budget_before_tool_call,
+    budget_release_run,
+    runs_start_queued,
+    stop_reason_for,
+)
 from runs.engine.actions import (
     FinalAnswer,
     InvalidReply,
@@ -187,10 +197,27 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
     )
     if not isinstance(plan, ModelCallPlan):
         _finish(ctx, plan, detail=f"refused before the model call: {plan}")
+    reserved = budget_before_model_call(
+        run=ctx.run,
+        plan=plan,
+        price_known=runtime.price_known,
+        step_index=ctx.run.step_rows.count(),
+    )
+    if isinstance(reserved, BudgetRefusal):
+        _finish_budget_refused(ctx, reserved)
     started_at = timezone.now()
     with chat_span(ctx.run, messages=messages, tools=tools) as chat:
         reply = call_model(runtime.model, messages, tools, plan)
         chat.reply(reply)
+    budget_after_model_call(
+        run=ctx.run,
+        entry=reserved,
+        reply=reply,
+        plan=plan,
+        price=runtime.config.price,
+        usage=state.usage,
+        limits=runtime.limits,
+    )
     if isinstance(reply, ModelError):
         _finish(ctx, StopReason.MODEL_ERROR, detail=str(reply))
     assert isinstance(reply, ModelReply)
@@ -416,6 +443,9 @@ def _recover_interrupted(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> 
 def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
     tool = ctx.runtime.registry.get(call.name)
     assert tool is not None
+    reserved = budget_before_tool_call(run=ctx.run, tool=tool, call_id=call.call_id)
+    if isinstance(reserved, BudgetRefusal):
+        _finish_budget_refused(ctx, reserved)
     # Committed before the handler runs: after a crash this says "may have happened".
     ToolCallRow.objects.filter(id=row.id).update(
         status=ToolCallRow.Status.EXECUTING,
@@ -437,6 +467,14 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
         span.result(outcome.result, executed=outcome.executed)
     failpoint("after_tool_execute")
     ctx.state.usage = outcome.usage
+    budget_after_tool_call(
+        run=ctx.run,
+        entry=reserved,
+        tool=tool,
+        executed=outcome.executed,
+        usage=outcome.usage,
+        limits=ctx.runtime.limits,
+    )
     if not outcome.executed:
         _record(ctx, row, call, outcome.result, ToolCallRow.Status.REFUSED)
         assert outcome.stop_reason is not None
@@ -507,7 +545,9 @@ def _stop_if_cancelled(ctx: StepContext) -> None:
         _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
 
 
-def _finish(ctx: StepContext, reason: StopReason, *, detail: str = "") -> None:
+def _finish(
+    ctx: StepContext, reason: StopReason, *, detail: str = "", dimension: str = ""
+) -> None:
     """End the run with the host's verdict; never returns."""
     state = ctx.state
     evaluation = None
@@ -540,7 +580,21 @@ def _finish(ctx: StepContext, reason: StopReason, *, detail: str = "") -> None:
                 evaluation=None if evaluation is None else evaluation.to_dict(),
             ),
         )
+        if dimension:  # the exact tenant budget dimension, not the engine's nearest
+            run_save(ctx.run, stop_reason=dimension)
+    budget_release_run(run_id=ctx.run.id)
+    runs_start_queued(tenant_id=ctx.run.tenant_id)  # its slot frees now
     raise StepEnded("finished")
+
+
+def _finish_budget_refused(ctx: StepContext, refusal: BudgetRefusal) -> None:
+    """A reservation was refused before the call: end as budget_exhausted."""
+    _finish(
+        ctx,
+        stop_reason_for(refusal),
+        detail=refusal.detail,
+        dimension=refusal.dimension,
+    )
 
 
 def _continue(ctx: StepContext) -> None:

@@ -12,6 +12,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane.budget_services import (
+    budget_admit_run,
+    budget_release_run,
+    run_slot_claim,
+    runs_start_queued,
+    tenant_run_ceiling,
+)
 from controlplane.models import Tenant
 from controlplane.services import audit_record
 from runs.engine.budget import BudgetLimits
@@ -80,7 +87,9 @@ def run_start(
             f"{settings.RUN_MAX_INPUT_CHARS}",
         )
     try:
-        caps = effective_limits(agent, limits or {})
+        caps = effective_limits(
+            agent, limits or {}, ceiling=tenant_run_ceiling(tenant.pk)
+        )
     except (ValueError, ArithmeticError, TypeError) as exc:
         raise RunInputError("limits", str(exc)) from exc
     config = AgentConfig(name=agent.slug, system_prompt=agent.system_prompt)
@@ -102,7 +111,19 @@ def run_start(
         object_id=str(run.id),
         after={"agent": agent.slug, "limits": caps.to_dict()},
     )
-    step_enqueue(run)
+    refusal = budget_admit_run(run=run)
+    if refusal is not None:  # over the runs-per-period limit: it ends before a step
+        Run.objects.filter(id=run.id).update(
+            status=Run.Status.BUDGET_EXHAUSTED,
+            stop_reason=refusal.dimension,
+            stop_detail=refusal.detail,
+            finished_at=timezone.now(),
+        )
+        run.refresh_from_db()
+        return run
+    if run_slot_claim(run=run):
+        step_enqueue(run)
+    # Else it stays queued with no step token and no task until a slot frees.
     return run
 
 
@@ -234,6 +255,8 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
         **run_finish_fields(state, StopReason.CANCELLED, Run.Status.CANCELLED),
     )
     locked.refresh_from_db()
+    budget_release_run(run_id=locked.id)
+    runs_start_queued(tenant_id=locked.tenant_id)  # its slot frees now
     return locked
 
 

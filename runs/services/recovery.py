@@ -10,6 +10,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.budget_services import budget_release_run, runs_start_queued
 from runs.models import Run
 from runs.services.lifecycle import step_enqueue
 
@@ -24,7 +25,8 @@ def recover_stalled_runs() -> int:
     candidates = Run.objects.filter(
         Q(status=Run.Status.RUNNING, lease_expires_at__lt=now)
         | Q(status=Run.Status.RUNNING, lease_owner="", updated_at__lt=stale)
-        | Q(status=Run.Status.QUEUED, updated_at__lt=stale)
+        # A queued run with no step token waits for a concurrency slot, not a task.
+        | Q(status=Run.Status.QUEUED, updated_at__lt=stale, step_token__isnull=False)
     ).values_list("id", "version")
     recovered = 0
     for run_id, version in candidates:
@@ -33,7 +35,15 @@ def recover_stalled_runs() -> int:
                 lease_owner="", lease_expires_at=None, version=version + 1
             )
             if won:
+                # What the crashed step reserved was never settled: give it back.
+                budget_release_run(run_id=run_id)
                 step_enqueue(Run.objects.get(id=run_id))
                 recovered += 1
                 logger.warning("run %s: no live worker; enqueued its next step", run_id)
+    # Safety net for a finisher that died before starting the next queued run.
+    waiting = Run.objects.filter(
+        status=Run.Status.QUEUED, step_token__isnull=True, updated_at__lt=stale
+    )
+    for tenant_id in waiting.values_list("tenant_id", flat=True).distinct():
+        recovered += runs_start_queued(tenant_id=tenant_id)
     return recovered
