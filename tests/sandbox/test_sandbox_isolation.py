@@ -130,7 +130,9 @@ print("".join(sorted(states)))
 """
 
 
-def test_orphans_are_reaped_by_the_init(settings: SandboxSettings, workspace: Path) -> None:
+def test_orphans_are_reaped_by_the_init(
+    settings: SandboxSettings, workspace: Path
+) -> None:
     r = run_python(settings, workspace, ORPHANS)
     assert r.ok, r.stderr
     assert "Z" not in r.stdout  # no zombie: the init reaped the re-parented orphan

@@ -31,7 +31,7 @@ def test_timeout_kills_the_whole_tree(
     r = run_python(settings, workspace, TREE, Limits(wall_seconds=0.7))
     assert (r.ok, r.exit_code, r.signal, r.timed_out) == (False, None, 9, True)
     assert r.termination_cause == "wall_clock" and r.error == "ETIMEDOUT"
-    assert 700 <= r.duration_ms < 1500
+    assert 700 <= r.duration_ms < 2500  # upper bound is generous for a loaded host
     assert r.stdout == "started\n"
     assert r.reap_confirmed and r.enforcement["kill_method"] == "pidns+cgroup.kill"
     assert sandbox_processes() == []
@@ -46,18 +46,19 @@ def test_silent_sleeper_is_killed_on_time(
     r = run_python(
         settings, workspace, "import time; time.sleep(10)", Limits(wall_seconds=0.5)
     )
-    assert r.timed_out and r.signal == 9 and 500 <= r.duration_ms < 1000
+    assert r.timed_out and r.signal == 9 and 500 <= r.duration_ms < 2000
 
 
 def test_cpu_spin_ends_by_sigxcpu_before_wall_clock(
     settings: SandboxSettings, workspace: Path
 ) -> None:
-    r = run_python(
-        settings, workspace, "while True: pass", Limits(cpu_seconds=1, wall_seconds=5)
-    )
+    limits = Limits(cpu_seconds=1, wall_seconds=10)
+    r = run_python(settings, workspace, "while True: pass", limits)
     assert (r.signal, r.signal_name, r.timed_out) == (24, "SIGXCPU", False)
     assert r.termination_cause == "cpu_limit" and r.error == "ECPU"
-    assert 900 <= r.duration_ms < 2000
+    # CPU time, not wall time, is what ran out; wall time depends on host load.
+    assert 900_000 <= r.counters["cpu_usage_usec"] < 1_600_000
+    assert r.duration_ms < 10_000
 
 
 def test_cpu_spin_ignoring_sigxcpu_dies_at_hard_limit(
@@ -66,9 +67,9 @@ def test_cpu_spin_ignoring_sigxcpu_dies_at_hard_limit(
     code = (
         "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass"
     )
-    r = run_python(settings, workspace, code, Limits(cpu_seconds=1, wall_seconds=5))
+    r = run_python(settings, workspace, code, Limits(cpu_seconds=1, wall_seconds=10))
     assert (r.signal, r.timed_out, r.termination_cause) == (9, False, "cpu_limit")
-    assert 1900 <= r.duration_ms < 3000
+    assert 1_900_000 <= r.counters["cpu_usage_usec"] < 2_600_000
 
 
 def test_sleep_under_cpu_limit_completes(
