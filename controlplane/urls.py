@@ -27,4 +27,5 @@ urlpatterns = [
     ),
     path("api/v1/", include("runs.urls")),
     path("api/v1/", include("approvals.urls")),
+    path("", include("frontend.urls")),
 ]

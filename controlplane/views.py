@@ -4,24 +4,18 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from controlplane import selectors
 from controlplane.tenancy import SESSION_TENANT_KEY, tenant_context_for
 
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
-    context = tenant_context_for(
-        user=request.user, requested_slug=request.session.get(SESSION_TENANT_KEY)
-    )
-    memberships = selectors.memberships_of(user=request.user)  # type: ignore[arg-type]
-    return render(
-        request,
-        "controlplane/home.html",
-        {"tenant_context": context, "memberships": memberships},
-    )
+    """The start page is the runs list (served here too, so "/" needs no hop)."""
+    from frontend.views import runs_page
+
+    return runs_page(request)
 
 
 @login_required

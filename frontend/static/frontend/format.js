@@ -1,0 +1,110 @@
+// Formatting shared by the pages: status icon + word (never colour alone), times, money.
+
+const STATUS = {
+  queued: ["◷", "queued"], running: ["⟳", "running"], waiting_approval: ["⏸", "waiting for approval"],
+  succeeded: ["✓", "succeeded"], failed: ["✕", "failed"], unverified: ["?", "unverified"],
+  budget_exhausted: ["$", "budget exhausted"], policy_blocked: ["⛔", "policy blocked"],
+  cancelled: ["⊘", "cancelled"], ok: ["✓", "ok"], error: ["✕", "error"], unset: ["•", "done"],
+  abandoned: ["☠", "abandoned"], pending: ["⏸", "pending"], approved: ["✓", "approved"],
+  denied: ["✕", "denied"], expired: ["⌛", "expired"],
+};
+
+export const TERMINAL_RUN = new Set(["succeeded", "failed", "unverified", "budget_exhausted", "policy_blocked", "cancelled"]);
+
+export function statusParts(status) {
+  return STATUS[status] || ["•", String(status || "unknown").replace(/_/g, " ")];
+}
+
+// <span class="status s-…"><span aria-hidden>icon</span> word</span>
+export function statusBadge(status, { short = false } = {}) {
+  const [icon, word] = statusParts(status);
+  const el = document.createElement("span");
+  el.className = `status s-${status}`;
+  const i = document.createElement("span");
+  i.className = "icon";
+  i.setAttribute("aria-hidden", "true");
+  i.textContent = icon;
+  el.append(i);
+  if (short) {
+    el.title = word;
+    const sr = document.createElement("span");
+    sr.className = "sr-only";
+    sr.textContent = word;
+    el.append(sr);
+  } else {
+    el.append(" " + word);
+  }
+  return el;
+}
+
+export function duration(ms) {
+  if (ms == null || Number.isNaN(ms)) return "–";
+  if (ms < 1000) return `${Math.max(0, Math.round(ms))} ms`;
+  const s = ms / 1000;
+  if (s < 60) return `${s.toFixed(s < 10 ? 2 : 1)} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m}m ${Math.round(s % 60)}s`;
+  return `${Math.floor(m / 60)}h ${m % 60}m`;
+}
+
+export function since(iso, until) {
+  if (!iso) return null;
+  const end = until ? Date.parse(until) : Date.now();
+  return end - Date.parse(iso);
+}
+
+export function timeLeft(iso) {
+  if (!iso) return "";
+  const ms = Date.parse(iso) - Date.now();
+  if (ms <= 0) return "expired";
+  return `${duration(ms)} left`;
+}
+
+export function tokens(n) {
+  if (n == null || n === "") return "–";
+  n = Number(n);
+  return n >= 10000 ? `${(n / 1000).toFixed(1)}k` : String(n);
+}
+
+export function money(v) {
+  if (v == null || v === "") return "–";
+  const n = Number(v);
+  if (!n) return "$0";
+  return n < 0.01 ? `$${n.toFixed(4)}` : `$${n.toFixed(2)}`;
+}
+
+export function when(iso) {
+  if (!iso) return "–";
+  const d = new Date(iso);
+  return d.toLocaleString(undefined, { dateStyle: "short", timeStyle: "medium" });
+}
+
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v == null || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children) if (c != null) node.append(c);
+  return node;
+}
+
+export function pretty(value) {
+  if (typeof value === "string") {
+    try { return JSON.stringify(JSON.parse(value), null, 2); } catch { return value; }
+  }
+  return JSON.stringify(value, null, 2);
+}
+
+// Show the connection state in the header: live, reconnecting or polling.
+export function showConnection(state, detail = "") {
+  const node = document.getElementById("conn");
+  if (!node) return;
+  node.hidden = false;
+  node.dataset.state = state;
+  const text = { live: "● Live", reconnecting: "⟳ Reconnecting…", polling: "◌ Polling (live stream unavailable)", connecting: "◌ Connecting…" }[state] || state;
+  node.textContent = detail ? `${text} ${detail}` : text;
+}

@@ -1,0 +1,455 @@
+// Run detail: header, budget burn, the live trace tree, the span panel and the
+// approval controls on the pending call's node.
+
+import { api, ApiError, rowsOf } from "./api.js";
+import { duration, el, money, pretty, since, statusBadge, timeLeft, tokens, TERMINAL_RUN, when } from "./format.js";
+import { Stream, throttle } from "./stream.js";
+import { TraceModel } from "./trace_model.js";
+import { TreeView } from "./tree_view.js";
+import { askDenyReason } from "./deny_dialog.js";
+import { gauge } from "./gauge.js";
+
+const root = document.getElementById("run-root");
+const runId = root.dataset.runId;
+const canDecide = root.dataset.canDecide === "1";
+const EAGER_EVENTS = 2000; // a run with fewer events loads whole from its log
+const SPAN_PAGE = 500;
+
+const model = new TraceModel();
+let run = null;
+let approvals = new Map(); // id -> approval of this run
+let cursor = 0;
+const perf = (window.cpPerf = { start: performance.now() });
+
+const view = new TreeView(document.getElementById("tree"), model, {
+  canDecide,
+  loadChildren: (node) => loadChildren(node),
+  loadMore: (parent) => loadMore(parent),
+  onSelect: (node) => selectSpan(node),
+  approvalFor: (node) => pendingApprovalFor(node),
+  costOf: (node) => costOf(node),
+  decide: (approvalId, verb, button) => decide(approvalId, verb, button),
+  afterRender: (count) => {
+    if (!perf.firstRows && count > 0) { perf.firstRows = performance.now() - perf.start; document.body.dataset.treeReady = "1"; }
+    document.getElementById("tree-count").textContent = `${model.size} spans loaded${model.running ? ` · ${model.running} running` : ""}`;
+  },
+});
+document.getElementById("tree").addEventListener("focus", () => { if (view.active < 0) view.moveTo(0); });
+
+// ---- approvals -------------------------------------------------------------
+
+function pendingApprovalFor(node) {
+  const a = node.s.attributes || {};
+  if (!node.s.name.startsWith("approval")) return null;
+  const callId = a["gen_ai.tool.call.id"];
+  for (const approval of approvals.values()) {
+    if (approval.status === "pending" && approval.tool_call_id === callId) return approval;
+  }
+  return null;
+}
+
+function approvalNode(approval) {
+  for (const node of model.nodes.values()) {
+    if (node.s.name.startsWith("approval") && (node.s.attributes || {})["gen_ai.tool.call.id"] === approval.tool_call_id) return node;
+  }
+  return null;
+}
+
+async function loadApprovals() {
+  try {
+    const rows = rowsOf(await api(`/api/v1/approvals/?run=${runId}&limit=200`));
+    approvals = new Map(rows.map((a) => [a.id, a]));
+  } catch { /* keep what we have */ }
+  renderBanner();
+  view.schedule();
+}
+
+function renderBanner() {
+  const banner = document.getElementById("approval-banner");
+  const pending = [...approvals.values()].filter((a) => a.status === "pending");
+  banner.hidden = !pending.length;
+  banner.replaceChildren(...pending.map((approval) => {
+    const node = approvalNode(approval);
+    const item = el("div", { class: "approval-card", "data-approval": approval.id },
+      el("strong", {}, "⏸ Waiting for approval: ", el("code", { text: approval.tool })),
+      el("span", { class: "rule", text: `rule: ${approval.rule_reason || approval.rule || "–"}` }),
+      el("span", { class: "left", "data-expires": approval.expires_at, text: timeLeft(approval.expires_at) }),
+      el("pre", { class: "args", text: pretty(approval.args) }),
+    );
+    if (node) item.append(el("button", { type: "button", class: "link", text: "Show in trace", onclick: () => view.select(node.id) }));
+    else if (canDecide) {
+      // The call's node is not in the loaded tree: decide from here.
+      item.append(
+        el("button", { type: "button", class: "approve", "data-approval": approval.id, "aria-label": `Approve ${approval.tool}`, text: "✓ Approve", onclick: (e) => decide(approval.id, "approve", e.target) }),
+        el("button", { type: "button", class: "deny", "data-approval": approval.id, "aria-label": `Deny ${approval.tool}`, text: "✕ Deny", onclick: (e) => decide(approval.id, "deny", e.target) }),
+      );
+    }
+    return item;
+  }));
+}
+
+function flash(message, kind = "error") {
+  const box = document.getElementById("run-error");
+  box.hidden = !message;
+  box.className = kind;
+  box.textContent = message || "";
+}
+
+async function decide(approvalId, verb, button) {
+  const approval = approvals.get(approvalId);
+  if (!approval) return;
+  let reason = "";
+  if (verb === "deny") {
+    reason = await askDenyReason(approval.tool);
+    if (reason === null) return;
+  }
+  if (button) button.disabled = true;
+  try {
+    const decided = await api(`/api/v1/approvals/${approvalId}/decide/`, { method: "POST", body: { decision: verb, reason } });
+    approvals.set(decided.id, decided);
+    flash(`${verb === "approve" ? "Approved" : "Denied"} ${decided.tool}.`, "notice");
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 409) {
+      const current = error.body?.error?.approval;
+      if (current) approvals.set(current.id, current);
+      flash(`Already decided: ${current ? `${current.status}${current.decided_by ? ` by ${current.decided_by}` : ""}` : error.message}.`);
+    } else {
+      flash(`The decision failed: ${error.message}`);
+    }
+    await loadApprovals();
+  } finally {
+    if (button) button.disabled = false;
+  }
+  renderBanner();
+  view.schedule();
+  refreshRun();
+}
+
+// ---- run header and budget burn ---------------------------------------------
+
+async function loadRun() {
+  try {
+    run = await api(`/api/v1/runs/${runId}/`);
+  } catch (error) {
+    flash(`Could not load the run: ${error.message}`);
+    return;
+  }
+  renderRun();
+}
+const refreshRun = throttle(loadRun, 1000);
+
+function renderRun() {
+  document.getElementById("run-status").replaceChildren(statusBadge(run.status));
+  document.getElementById("run-title").textContent = `${run.agent} · ${run.id.slice(0, 8)}`;
+  const end = run.finished_at;
+  const facts = [
+    ["Input", run.input], ["Started by", run.started_by || "–"], ["Created", when(run.created_at)],
+    ["Duration", duration(since(run.started_at, end))], ["Steps", run.steps], ["Tool calls", run.tool_calls],
+    ["Tokens", `${tokens(run.input_tokens)} in / ${tokens(run.output_tokens)} out`], ["Cost", money(run.cost)],
+  ];
+  if (run.stop_reason) facts.push(["Stop reason", `${run.stop_reason}${run.stop_detail ? ` — ${run.stop_detail}` : ""}`]);
+  if (run.final_answer) facts.push(["Answer", run.final_answer]);
+  document.getElementById("run-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: String(v) })]));
+  const cancel = document.getElementById("cancel-run");
+  if (cancel) cancel.hidden = TERMINAL_RUN.has(run.status);
+  renderBurn();
+}
+
+function renderBurn() {
+  const limits = run.limits || {};
+  const wall = run.started_at ? since(run.started_at, run.finished_at) / 1000 : 0;
+  const dims = [
+    ["Steps", run.steps, limits.max_steps], ["Tool calls", run.tool_calls, limits.max_tool_calls],
+    ["Input tokens", run.input_tokens, limits.max_input_tokens], ["Output tokens", run.output_tokens, limits.max_output_tokens],
+    ["Cost", Number(run.cost), limits.max_cost == null ? null : Number(limits.max_cost), money],
+    ["Wall time", wall, limits.max_wall_seconds, (v) => duration(v * 1000)],
+  ];
+  document.getElementById("burn").replaceChildren(...dims.map(([label, used, cap, fmt = String]) => gauge(label, used, cap, fmt)));
+}
+
+document.getElementById("cancel-run");
+  if (cancel) cancel.hidden = TERMINAL_RUN.has(run.status);
+  renderBurn();
+}
+
+function renderBurn() {
+  const limits = run.limits || {};
+  const wall = run.started_at ? since(run.started_at, run.finished_at) / 1000 : 0;
+  const dims = [
+    ["Steps", run.steps, limits.max_steps], ["Tool calls", run.tool_calls, limits.max_tool_calls],
+    ["Input tokens", run.input_tokens, limits.max_input_tokens], ["Output tokens", run.output_tokens, limits.max_output_tokens],
+    ["Cost", Number(run.cost), limits.max_cost == null ? null : Number(limits.max_cost), money],
+    ["Wall time", wall, limits.max_wall_seconds, (v) => duration(v * 1000)],
+  ];
+  document.getElementById("burn").replaceChildren(...dims.map(([label, used, cap, fmt = String]) => gauge(label, used, cap, fmt)));
+}
+
+export function gauge(label, used, cap, fmt = String) {
+  const ratio = cap ? Math.min(1, used / cap) : 0;
+  const pct = Math.round(ratio * 100);
+  const level = ratio >= 1 ? "over" : ratio >= 0.8 ? "high" : "ok";
+  const text = cap ? `${fmt(used)} of ${fmt(cap)} (${pct}%)${level === "over" ? " — limit reached" : level === "high" ? " — near limit" : ""}` : `${fmt(used)} (no cap)`;
+  return el("div", { class: `gauge g-${level}` },
+    el("span", { class: "g-label", text: label }),
+    el("span", { class: "g-track", role: "meter", "aria-label": label, "aria-valuemin": "0", "aria-valuemax": String(cap || 0), "aria-valuenow": String(used), "aria-valuetext": text },
+      el("span", { class: "g-fill", style: `width:${cap ? pct : 0}%` })),
+    el("span", { class: "g-text", text }));
+}
+
+document.getElementById("cancel-run")?.addEventListener("click", async (event) => {
+  if (!confirm("Cancel this run? Work in progress stops at the next safe point.")) return;
+  event.target.disabled = true;
+  try { run = await api(`/api/v1/runs/${runId}/cancel/`, { method: "POST" }); renderRun(); flash("Cancelled.", "notice"); }
+  catch (error) { flash(`Could not cancel: ${error.message}`); loadRun(); }
+  finally { event.target.disabled = false; }
+});
+
+// ---- spans --------------------------------------------------------------------
+
+function stepCost(index) {
+  const step = (run?.step_rows || []).find((s) => s.index === index);
+  return step ? step.cost : null;
+}
+
+function costOf(node) {
+  const a = node.s.attributes || {};
+  for (const key of ["cp.cost", "cp.usage.cost", "gen_ai.usage.cost"]) if (a[key] != null) return a[key];
+  if (a["cp.step.index"] != null && node.s.name.startsWith("step")) return stepCost(a["cp.step.index"]);
+  if (a["gen_ai.operation.name"] === "invoke_agent" && run) return run.cost;
+  return null;
+}
+
+function applyEvent(event) {
+  const type = event.type || "";
+  if (type === "span.started" || type === "span.ended" || type === "span.abandoned") {
+    const node = model.upsert(event.payload, { complete: type === "span.started" });
+    if (type === "span.started" && node.children && node.children.length === 0) node.expanded = true;
+    if (view.selectedId === node.id) selectSpan(node, { refetch: type !== "span.started" });
+    if (type !== "span.started" && (event.payload.attributes || {})["cp.approval.status"]) loadApprovalsSoon();
+    view.schedule();
+  }
+  if (type.startsWith("approval.")) {
+    if (event.payload && event.payload.id && approvals.has(event.payload.id)) {
+      const current = approvals.get(event.payload.id);
+      approvals.set(current.id, { ...current, status: event.payload.status || current.status });
+    }
+    loadApprovalsSoon();
+  }
+  refreshRun();
+}
+const loadApprovalsSoon = throttle(loadApprovals, 250);
+
+async function fetchSpans(url) {
+  const page = await api(url);
+  return { spans: rowsOf(page), next: page && !Array.isArray(page) ? page.next || null : null };
+}
+
+async function loadChildren(node) {
+  try {
+    const { spans, next } = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=${node.id}&limit=${SPAN_PAGE}`);
+    model.addPage(node.id, spans, next);
+  } catch (error) {
+    node.loading = false;
+    node.expanded = false;
+    flash(`Could not load children of ${node.s.name}: ${error.message}`);
+  }
+  model.version += 1;
+  view.schedule();
+}
+
+async function loadMore(parent) {
+  const holder = parent || model;
+  const next = parent ? parent.next : model.rootNext;
+  if (!next || (parent ? parent.loading : model.rootLoading)) return;
+  if (parent) parent.loading = true; else model.rootLoading = true;
+  try {
+    const { spans, next: after } = await fetchSpans(next);
+    model.addPage(parent ? parent.id : "", spans, after);
+    if (!parent) model.rootNext = after;
+  } catch (error) {
+    flash(`Could not load more spans: ${error.message}`);
+  } finally {
+    if (parent) parent.loading = false; else model.rootLoading = false;
+    holder.version = holder.version ?? 0;
+    model.version += 1;
+    view.schedule();
+  }
+}
+
+// The log's last seq without reading it all: the endpoint may say, else bisect.
+async function lastSeq(firstPage) {
+  if (firstPage && firstPage.last_seq != null) return firstPage.last_seq;
+  let low = rowsOf(firstPage).at(-1)?.seq ?? 0;
+  let high = low * 2 + 1000;
+  const has = async (after) => rowsOf(await api(`/api/v1/runs/${runId}/events/?after_seq=${after}&limit=1`)).length > 0;
+  while (await has(high)) { low = high; high *= 2; }
+  while (high - low > 1) {
+    const mid = Math.floor((low + high) / 2);
+    if (await has(mid)) low = mid; else high = mid;
+  }
+  return low;
+}
+
+async function loadTrace() {
+  let first = null;
+  try {
+    first = await api(`/api/v1/runs/${runId}/events/?after_seq=0&limit=${EAGER_EVENTS}`);
+  } catch (error) {
+    if (!(error instanceof ApiError && error.status === 404)) throw error;
+  }
+  const events = rowsOf(first);
+  if (first === null || events.length < EAGER_EVENTS) {
+    // Small run (or no events endpoint): the log is the whole story.
+    for (const event of events) { cursor = event.seq; applyEventQuiet(event); }
+    for (const node of model.nodes.values()) if (node.children === null) node.children = [];
+    model.adoptOrphans();
+    expandDefault();
+    return;
+  }
+  // Large run: roots and the root's first page of children; the rest on expand.
+  const roots = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=&limit=${SPAN_PAGE}`);
+  model.addPage("", roots.spans, roots.next);
+  model.rootNext = roots.next;
+  for (const id of model.roots.slice(0, 3)) { const node = model.nodes.get(id); node.expanded = true; node.loading = true; loadChildren(node); }
+  cursor = await lastSeq(first);
+}
+
+function applyEventQuiet(event) {
+  if (event.type === "span.started" || event.type === "span.ended" || event.type === "span.abandoned") {
+    model.upsert(event.payload, { complete: event.type === "span.started" });
+  }
+}
+
+function expandDefault() {
+  // Expand everything in a small trace; a large one opens root and steps only.
+  const all = model.size <= 400;
+  for (const node of model.nodes.values()) {
+    const depth = model.pathTo(node.id).length;
+    node.expanded = all || depth <= 2;
+  }
+  model.version += 1;
+}
+
+// ---- span detail panel ----------------------------------------------------------
+
+let detailToken = 0;
+let detailTimer = null;
+
+function selectSpan(node, { refetch = true } = {}) {
+  renderDetail(node, null);
+  if (!refetch || node.s.id == null) return;
+  clearTimeout(detailTimer);
+  const token = ++detailToken;
+  detailTimer = setTimeout(async () => {
+    try {
+      const full = await api(`/api/v1/spans/${node.s.id}/`);
+      if (token === detailToken) renderDetail(node, full);
+    } catch (error) {
+      if (token === detailToken) renderDetail(node, { error: error.message });
+    }
+  }, 120);
+}
+
+const PAYLOAD_TITLES = {
+  "gen_ai.system_instructions": "System instructions", "gen_ai.input.messages": "Model input",
+  "gen_ai.output.messages": "Model output", "gen_ai.tool.call.arguments": "Tool arguments",
+  "gen_ai.tool.call.result": "Tool result", "gen_ai.tool.definitions": "Tool definitions",
+};
+
+function bodiesOf(full) {
+  if (!full) return null;
+  for (const key of ["payload_bodies", "payload_contents", "payload_values", "payloads"]) {
+    const map = full[key];
+    if (map && typeof map === "object" && !Array.isArray(map)) {
+      const values = Object.values(map);
+      if (!values.length || values.some((v) => typeof v !== "string" || !/^[0-9a-f]{64}$/.test(v))) return map;
+    }
+  }
+  return null;
+}
+
+function renderDetail(node, full) {
+  const s = full && full.span_id ? full : node.s;
+  const a = s.attributes || {};
+  const panel = document.getElementById("detail");
+  const approval = pendingApprovalFor(node);
+  const parts = [el("h2", { id: "detail-title", class: "h3", text: s.name })];
+  const start = Date.parse(s.started_at);
+  parts.push(el("p", {}, statusBadge(approval ? "waiting_approval" : s.status), " ",
+    el("span", { class: "muted", text: `${duration((s.ended_at ? Date.parse(s.ended_at) : Date.now()) - start)} · started ${when(s.started_at)}` })));
+  if (s.status_message || s.status === "error" || s.status === "abandoned") {
+    parts.push(el("section", { class: "errorbox" }, el("h3", { text: "Error" }), el("pre", { text: s.status_message || a["error.type"] || s.status })));
+  }
+  for (const event of s.events || []) {
+    if (event.name === "exception") parts.push(el("section", { class: "errorbox" }, el("h3", { text: "Exception" }), el("pre", { text: pretty(event.attributes || event) })));
+  }
+  if (approval) {
+    const box = el("section", { class: "approval-card" }, el("h3", { text: "Waiting for approval" }),
+      el("p", { text: `Rule: ${approval.rule_reason || approval.rule} · ${timeLeft(approval.expires_at)}` }),
+      el("pre", { class: "args", text: pretty(approval.args) }));
+    if (canDecide) box.append(
+      el("button", { type: "button", class: "approve", "aria-label": `Approve ${approval.tool} (panel)`, text: "✓ Approve", onclick: (e) => decide(approval.id, "approve", e.target) }), " ",
+      el("button", { type: "button", class: "deny", "aria-label": `Deny ${approval.tool} (panel)`, text: "✕ Deny", onclick: (e) => decide(approval.id, "deny", e.target) }));
+    parts.push(box);
+  }
+  const sandbox = Object.entries(a).filter(([k]) => k.startsWith("cp.sandbox."));
+  if (sandbox.length) {
+    parts.push(el("section", { class: "sandbox" }, el("h3", { text: "Sandbox enforcement" }), table(sandbox.map(([k, v]) => [k.slice(11), v]))));
+  }
+  const bodies = bodiesOf(full);
+  const names = Object.keys(s.payloads || node.s.payloads || {});
+  for (const name of names.sort((x, y) => order(x) - order(y))) {
+    const title = PAYLOAD_TITLES[name] || name;
+    const body = bodies ? bodies[name] : undefined;
+    const details = el("details", { open: name !== "gen_ai.tool.definitions" && name !== "gen_ai.system_instructions" },
+      el("summary", { text: title }),
+      el("pre", { class: "payload", text: body === undefined ? (full?.error ? `Could not load: ${full.error}` : "Loading…") : pretty(body) }));
+    parts.push(details);
+  }
+  const plain = Object.entries(a).filter(([k]) => !k.startsWith("cp.sandbox."));
+  parts.push(el("h3", { text: "Attributes" }), table(plain));
+  parts.push(el("p", { class: "muted small" }, el("code", { text: `span ${s.span_id} · trace ${s.trace_id}` })));
+  panel.replaceChildren(...parts);
+}
+
+function order(name) {
+  return Object.keys(PAYLOAD_TITLES).indexOf(name);
+}
+
+function table(entries) {
+  return el("table", { class: "attrs" }, el("tbody", {}, ...entries.map(([k, v]) =>
+    el("tr", {}, el("th", { scope: "row", text: k }), el("td", { text: typeof v === "object" ? JSON.stringify(v) : String(v) })))));
+}
+
+// ---- start ------------------------------------------------------------------------
+
+setInterval(() => {
+  if (model.running || [...approvals.values()].some((a) => a.status === "pending")) view.schedule();
+  for (const node of document.querySelectorAll("[data-expires]")) node.textContent = timeLeft(node.dataset.expires);
+  if (run && !TERMINAL_RUN.has(run.status)) renderBurn();
+}, 1000);
+
+await Promise.all([loadRun(), loadApprovals()]);
+try {
+  await loadTrace();
+} catch (error) {
+  flash(`Could not load the trace: ${error.message}`);
+}
+perf.loaded = performance.now() - perf.start;
+view.schedule();
+renderBanner();
+const hash = new URLSearchParams(location.hash.slice(1));
+if (hash.get("call")) {
+  const target = [...model.nodes.values()].find((n) => n.s.name.startsWith("approval") && (n.s.attributes || {})["gen_ai.tool.call.id"] === hash.get("call"));
+  if (target) view.select(target.id);
+}
+window.cpStream = new Stream({
+  path: `/ws/runs/${runId}/`,
+  cursorParam: "after_seq",
+  cursor,
+  cursorOf: (event) => event.seq,
+  onEvent: applyEvent,
+  poll: async (after) => rowsOf(await api(`/api/v1/runs/${runId}/events/?after_seq=${after ?? 0}&limit=500`)),
+  onFatal: (code) => flash(code === 4404 ? "This run is not in your tenant." : "Your session ended; log in again."),
+}).start();
+requestAnimationFrame(() => { perf.interactive = performance.now() - perf.start; document.body.dataset.interactive = "1"; });

@@ -1,0 +1,124 @@
+// The run's spans as a tree that may be partly loaded: a node's children are
+// null until fetched (lazy mode) or known complete (spans seen from their start
+// in the event log). Live span events update nodes idempotently by span_id.
+
+export class TraceModel {
+  constructor() {
+    this.nodes = new Map(); // span_id -> node
+    this.roots = [];
+    this.orphans = new Map(); // parent span_id -> [span_id] (parent not seen yet)
+    this.version = 0; // bumped on structural change (rows must be re-flattened)
+    this.t0 = null;
+    this.t1 = null;
+    this.running = 0;
+  }
+
+  get size() { return this.nodes.size; }
+
+  // Insert or update a span. `complete`: the span is new to the run (seen from
+  // its start), so its children are known: none yet. `authoritative`: the data
+  // comes from an event (newer than any REST snapshot).
+  upsert(span, { complete = false, authoritative = true } = {}) {
+    let node = this.nodes.get(span.span_id);
+    if (node) {
+      if (!authoritative && node.fromEvent) return node;
+      const wasRunning = node.s.status === "running";
+      node.s = span;
+      node.fromEvent = node.fromEvent || authoritative;
+      if (wasRunning && span.status !== "running") this.running -= 1;
+      this.stretch(span);
+      this.version += 0; // same rows, new content
+      return node;
+    }
+    node = { id: span.span_id, s: span, children: complete ? [] : null, expanded: false,
+      loading: false, next: null, fromEvent: authoritative, parent: span.parent_span_id || "" };
+    this.nodes.set(node.id, node);
+    if (span.status === "running") this.running += 1;
+    this.stretch(span);
+    this.attach(node);
+    const waiting = this.orphans.get(node.id);
+    if (waiting) {
+      this.orphans.delete(node.id);
+      if (node.children === null) node.children = [];
+      for (const id of waiting) this.insertChild(node, this.nodes.get(id));
+    }
+    this.version += 1;
+    return node;
+  }
+
+  attach(node) {
+    if (!node.parent) { this.insertSorted(this.roots, node); return; }
+    const parent = this.nodes.get(node.parent);
+    if (parent) {
+      if (parent.children !== null) this.insertChild(parent, node);
+      return; // lazy parent: its page will bring this child when expanded
+    }
+    const list = this.orphans.get(node.parent) || [];
+    list.push(node.id);
+    this.orphans.set(node.parent, list);
+  }
+
+  insertChild(parent, node) {
+    if (!parent.children.includes(node.id)) this.insertSorted(parent.children, node);
+  }
+
+  insertSorted(list, node) {
+    const at = node.s.started_at;
+    let i = list.length;
+    while (i > 0 && this.nodes.get(list[i - 1]).s.started_at > at) i -= 1;
+    if (list[i] === node.id || list[i - 1] === node.id) return;
+    list.splice(i, 0, node.id);
+  }
+
+  // Spans whose parent never appeared (an ingest with a missing parent) show as roots.
+  adoptOrphans() {
+    for (const [, ids] of this.orphans) for (const id of ids) this.insertSorted(this.roots, this.nodes.get(id));
+    this.orphans.clear();
+    this.version += 1;
+  }
+
+  // A fetched page of children of `parentId` ("" for roots).
+  addPage(parentId, spans, next) {
+    const parent = parentId ? this.nodes.get(parentId) : null;
+    if (parent && parent.children === null) parent.children = [];
+    for (const span of spans) this.upsert(span, { authoritative: false });
+    if (parent) { parent.next = next; parent.loading = false; }
+    else this.rootNext = next;
+    this.version += 1;
+  }
+
+  stretch(span) {
+    const start = Date.parse(span.started_at);
+    const end = span.ended_at ? Date.parse(span.ended_at) : null;
+    if (this.t0 === null || start < this.t0) this.t0 = start;
+    if (end !== null && (this.t1 === null || end > this.t1)) this.t1 = end;
+    if (this.t1 === null || start > this.t1) this.t1 = start;
+  }
+
+  // The visible rows: depth-first over expanded nodes, with pseudo-rows for
+  // "loading" and "load more".
+  flatten() {
+    const rows = [];
+    const walk = (ids, depth, parent) => {
+      for (const id of ids) {
+        const node = this.nodes.get(id);
+        rows.push({ node, depth, parent });
+        if (node.expanded) {
+          if (node.children) walk(node.children, depth + 1, node);
+          if (node.loading) rows.push({ pseudo: "loading", depth: depth + 1, parent: node });
+          else if (node.next) rows.push({ pseudo: "more", depth: depth + 1, parent: node });
+        }
+      }
+    };
+    walk(this.roots, 0, null);
+    if (this.rootNext) rows.push({ pseudo: "more", depth: 0, parent: null });
+    return rows;
+  }
+
+  pathTo(id) {
+    const path = [];
+    let node = this.nodes.get(id);
+    while (node) { path.unshift(node); node = node.parent ? this.nodes.get(node.parent) : null; }
+    return path;
+  }
+}

@@ -1,0 +1,212 @@
+// A virtualised tree: only the rows in view (plus a margin) are in the DOM, at
+// fixed height, absolutely positioned over a spacer as tall as all rows.
+// Keyboard: ↑/↓ move, → expands or enters, ← collapses or goes up, Home/End,
+// PageUp/PageDown; the focused row is the selected span.
+
+import { duration, money, statusParts, timeLeft, tokens } from "./format.js";
+
+export const ROW_HEIGHT = 30;
+const OVERSCAN = 12;
+
+const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+
+export class TreeView {
+  // host: the scrolling element (role=tree); model: TraceModel;
+  // hooks: loadChildren(node), loadMore(parentNode|null), onSelect(node),
+  // approvalFor(node) -> pending approval or null, costOf(node), decide(approval, verb)
+  constructor(host, model, hooks) {
+    Object.assign(this, { host, model, hooks });
+    this.rows = [];
+    this.flatVersion = -1;
+    this.active = -1;
+    this.selectedId = null;
+    this.frame = 0;
+    this.canDecide = hooks.canDecide;
+    this.spacer = document.createElement("div");
+    this.spacer.className = "tree-spacer";
+    this.layer = document.createElement("div");
+    this.layer.className = "tree-rows";
+    this.spacer.append(this.layer);
+    host.append(this.spacer);
+    host.addEventListener("scroll", () => this.schedule(), { passive: true });
+    host.addEventListener("keydown", (e) => this.onKey(e));
+    host.addEventListener("click", (e) => this.onClick(e));
+    new ResizeObserver(() => this.schedule()).observe(host);
+  }
+
+  schedule() {
+    if (this.frame) return;
+    this.frame = requestAnimationFrame(() => { this.frame = 0; this.render(); });
+  }
+
+  refreshRows() {
+    if (this.flatVersion === this.model.version) return;
+    const activeId = this.rows[this.active]?.node?.id;
+    this.rows = this.model.flatten();
+    this.flatVersion = this.model.version;
+    if (activeId) this.active = this.rows.findIndex((r) => r.node && r.node.id === activeId);
+  }
+
+  render() {
+    this.refreshRows();
+    const total = this.rows.length;
+    this.spacer.style.height = `${total * ROW_HEIGHT}px`;
+    const top = this.host.scrollTop;
+    const height = this.host.clientHeight || 600;
+    const first = Math.max(0, Math.floor(top / ROW_HEIGHT) - OVERSCAN);
+    const last = Math.min(total, Math.ceil((top + height) / ROW_HEIGHT) + OVERSCAN);
+    const now = Date.now();
+    const t0 = this.model.t0 ?? now;
+    const t1 = Math.max(this.model.running ? now : (this.model.t1 ?? now), t0 + 1);
+    this.axis = { t0, t1 };
+    const html = [];
+    for (let i = first; i < last; i += 1) html.push(this.rowHtml(this.rows[i], i, t0, t1, now));
+    this.layer.innerHTML = html.join("");
+    if (this.active >= 0 && this.rows[this.active]?.node) this.host.setAttribute("aria-activedescendant", `row-${this.rows[this.active].node.id}`);
+    else this.host.removeAttribute("aria-activedescendant");
+    // A "load more" row in view pages on by itself.
+    for (let i = first; i < last; i += 1) {
+      const row = this.rows[i];
+      if (row.pseudo === "more" && !(row.parent?.loading ?? this.model.rootLoading)) this.hooks.loadMore(row.parent);
+    }
+    if (this.hooks.afterRender) this.hooks.afterRender(last - first);
+  }
+
+  rowHtml(row, index, t0, t1, now) {
+    const top = index * ROW_HEIGHT;
+    const pad = 8 + row.depth * 16;
+    if (row.pseudo) {
+      const text = row.pseudo === "loading" ? "Loading…" : "Loading more…";
+      return `<div class="trow pseudo" role="none" style="top:${top}px"><span style="padding-left:${pad + 18}px" class="muted">${text}</span></div>`;
+    }
+    const node = row.node;
+    const s = node.s;
+    const a = s.attributes || {};
+    const [icon, word] = statusParts(s.status);
+    const approval = this.hooks.approvalFor(node);
+    const start = Date.parse(s.started_at);
+    const end = s.ended_at ? Date.parse(s.ended_at) : now;
+    const span = t1 - t0;
+    const left = ((start - t0) / span) * 100;
+    const width = Math.max(0.3, ((end - start) / span) * 100);
+    const inT = a["gen_ai.usage.input_tokens"];
+    const outT = a["gen_ai.usage.output_tokens"];
+    const tok = inT != null || outT != null ? tokens((inT || 0) + (outT || 0)) : "";
+    const tokTitle = inT != null || outT != null ? `${inT || 0} in / ${outT || 0} out` : "";
+    const cost = this.hooks.costOf(node);
+    const leaf = node.children !== null && node.children.length === 0 && !node.next;
+    const toggle = leaf ? `<span class="toggle leaf" aria-hidden="true"></span>`
+      : `<span class="toggle" data-action="toggle" aria-hidden="true">${node.expanded ? "▾" : "▸"}</span>`;
+    const selected = node.id === this.selectedId;
+    const focus = index === this.active;
+    let extra = "";
+    if (approval) {
+      const args = JSON.stringify(approval.args ?? {});
+      extra = `<span class="approval-inline"><span class="args" title="${esc(args)}">${esc(args.slice(0, 120))}</span>`
+        + `<span class="rule" title="rule that asked">${esc(approval.rule_reason || approval.rule || "")}</span>`
+        + `<span class="left" data-expires="${esc(approval.expires_at)}">${esc(timeLeft(approval.expires_at))}</span>`
+        + (this.canDecide ? `<button type="button" class="approve" data-action="approve" data-approval="${esc(approval.id)}" aria-label="Approve ${esc(approval.tool)}">✓ Approve</button>`
+          + `<button type="button" class="deny" data-action="deny" data-approval="${esc(approval.id)}" aria-label="Deny ${esc(approval.tool)}">✕ Deny</button>` : "")
+        + `</span>`;
+    }
+    const label = `${s.name}, ${approval ? "waiting for approval" : word}`;
+    return `<div class="trow st-${esc(s.status)}${selected ? " selected" : ""}${focus ? " focus" : ""}${approval ? " pending" : ""}" id="row-${esc(node.id)}" role="treeitem"`
+      + ` aria-level="${row.depth + 1}" aria-selected="${selected}"${leaf ? "" : ` aria-expanded="${node.expanded}"`} aria-label="${esc(label)}"`
+      + ` data-index="${index}" data-span="${esc(node.id)}" style="top:${top}px">`
+      + `<span class="name" style="padding-left:${pad}px">${toggle}<span class="sicon s-${esc(approval ? "waiting_approval" : s.status)}" title="${esc(approval ? "waiting for approval" : word)}" aria-hidden="true">${approval ? "⏸" : icon}</span>`
+      + `<span class="label" title="${esc(s.name)}">${esc(s.name)}</span><span class="sr-only">${esc(word)}</span>${extra}</span>`
+      + `<span class="num" title="${esc(tokTitle)}">${tok}</span><span class="num">${cost == null ? "" : money(cost)}</span>`
+      + `<span class="num">${duration(end - start)}</span>`
+      + `<span class="bar-track"><span class="bar b-${esc(s.status)}" style="left:${left.toFixed(3)}%;width:${width.toFixed(3)}%"></span></span>`
+      + `</div>`;
+  }
+
+  onClick(event) {
+    const target = event.target.closest("[data-action], .trow");
+    if (!target) return;
+    const rowEl = event.target.closest(".trow");
+    const index = rowEl ? Number(rowEl.dataset.index) : -1;
+    const action = target.dataset.action;
+    if (action === "approve" || action === "deny") {
+      event.stopPropagation();
+      this.hooks.decide(target.dataset.approval, action, target);
+      return;
+    }
+    if (index < 0 || Number.isNaN(index)) return;
+    if (action === "toggle") this.toggle(this.rows[index].node);
+    this.moveTo(index, { focus: true });
+  }
+
+  async toggle(node, open = !node.expanded) {
+    if (!node) return;
+    node.expanded = open;
+    this.model.version += 1;
+    if (open && node.children === null && !node.loading) {
+      node.loading = true;
+      this.schedule();
+      await this.hooks.loadChildren(node);
+    }
+    this.schedule();
+  }
+
+  moveTo(index, { focus = false } = {}) {
+    this.refreshRows();
+    if (index < 0 || index >= this.rows.length) return;
+    while (index < this.rows.length && !this.rows[index].node) index -= 1;
+    if (index < 0) return;
+    this.active = index;
+    const node = this.rows[index].node;
+    this.selectedId = node.id;
+    this.scrollIntoView(index);
+    if (focus) this.host.focus({ preventScroll: true });
+    this.hooks.onSelect(node);
+    this.schedule();
+  }
+
+  scrollIntoView(index) {
+    const top = index * ROW_HEIGHT;
+    const h = this.host.clientHeight;
+    if (top < this.host.scrollTop) this.host.scrollTop = top;
+    else if (top + ROW_HEIGHT > this.host.scrollTop + h) this.host.scrollTop = top + ROW_HEIGHT - h;
+  }
+
+  select(id) {
+    const path = this.model.pathTo(id);
+    for (const node of path.slice(0, -1)) node.expanded = true;
+    this.model.version += 1;
+    this.refreshRows();
+    const index = this.rows.findIndex((r) => r.node && r.node.id === id);
+    if (index >= 0) this.moveTo(index, { focus: true });
+  }
+
+  onKey(event) {
+    if (event.target !== this.host) return;
+    this.refreshRows();
+    const row = this.rows[this.active];
+    const node = row?.node;
+    const page = Math.max(1, Math.floor(this.host.clientHeight / ROW_HEIGHT) - 1);
+    switch (event.key) {
+      case "ArrowDown": this.moveTo(Math.min(this.rows.length - 1, this.active + 1)); break;
+      case "ArrowUp": this.moveTo(Math.max(0, this.active - 1)); break;
+      case "Home": this.moveTo(0); break;
+      case "End": this.moveTo(this.rows.length - 1); break;
+      case "PageDown": this.moveTo(Math.min(this.rows.length - 1, this.active + page)); break;
+      case "PageUp": this.moveTo(Math.max(0, this.active - page)); break;
+      case "ArrowRight":
+        if (!node) break;
+        if (!node.expanded && !(node.children && node.children.length === 0 && !node.next)) this.toggle(node, true);
+        else if (node.expanded) this.moveTo(this.active + 1);
+        break;
+      case "ArrowLeft":
+        if (!node) break;
+        if (node.expanded) this.toggle(node, false);
+        else if (row.parent) this.moveTo(this.rows.findIndex((r) => r.node === row.parent));
+        break;
+      case "Enter": case " ":
+        if (node) this.toggle(node);
+        break;
+      default: return;
+    }
+    event.preventDefault();
+  }
+}

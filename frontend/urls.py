@@ -1,0 +1,11 @@
+from django.urls import path
+
+from frontend import views
+
+urlpatterns = [
+    path("runs/", views.runs_page, name="ui-runs"),
+    path("runs/<str:run_id>/", views.run_page, name="ui-run"),
+    path("approvals/", views.approvals_page, name="ui-approvals"),
+    path("budget/", views.budget_page, name="ui-budget"),
+    path("audit/", views.audit_page, name="ui-audit"),
+]
