@@ -47,13 +47,6 @@ if TYPE_CHECKING:
     from runs.models import Run
 
 UNKNOWN_PRICE = "unknown_price"
-BUDGET_FIELDS = (
-    "period_mode",
-    "period_limits",
-    "run_caps",
-    "max_concurrent_runs",
-    "allow_unknown_price",
-)
 # Which engine stop reason (and so run status) a refused tenant dimension maps to;
 # the exact dimension goes into the run's stop_reason.
 _STOP_REASONS = {
@@ -138,10 +131,14 @@ def _non_negative(field: str, value: Any, *, integer: bool) -> Any:
 
 
 def budget_validate(data: Any, *, current: Budget | None) -> dict[str, Any]:
-    """Check a budget edit; returns the cleaned fields (absent fields are kept)."""
+    """Check a budget edit in the API's shape; returns the model fields to change.
+
+    `{"period_mode", "allow_unknown_price", "limits": {"day", "month", "run",
+    "max_concurrent_runs"}}`; every key is optional and an absent one is kept.
+    """
     if not isinstance(data, dict):
         raise BudgetInputError("non_field_errors", "expected a JSON object")
-    unknown = sorted(set(data) - set(BUDGET_FIELDS))
+    unknown = sorted(set(data) - {"period_mode", "allow_unknown_price", "limits"})
     if unknown:
         raise BudgetInputError(unknown[0], "unknown field")
     clean: dict[str, Any] = {}
@@ -149,40 +146,58 @@ def budget_validate(data: Any, *, current: Budget | None) -> dict[str, Any]:
         if data["period_mode"] not in Budget.PeriodMode.values:
             raise BudgetInputError("period_mode", "must be calendar or rolling")
         clean["period_mode"] = data["period_mode"]
-    if "period_limits" in data:
-        clean["period_limits"] = _clean_period_limits(data["period_limits"])
-    if "run_caps" in data:
-        caps = data["run_caps"]
-        if not isinstance(caps, dict):
-            raise BudgetInputError("run_caps", "expected an object")
-        for name, value in caps.items():
-            field = f"run_caps.{name}"
-            if name not in BudgetLimits.__dataclass_fields__:
-                raise BudgetInputError(field, "unknown dimension")
-            if value is None:
-                continue
-            integer = name not in ("max_cost", "max_wall_seconds")
-            _non_negative(field, value, integer=integer)
-        try:
-            parsed = BudgetLimits.from_dict(caps).to_dict()
-            clean["run_caps"] = {k: v for k, v in parsed.items() if v is not None}
-        except (ValueError, ArithmeticError) as exc:
-            raise BudgetInputError("run_caps", str(exc)) from exc
-    if "max_concurrent_runs" in data:
-        value = data["max_concurrent_runs"]
-        if value is not None:
-            _non_negative("max_concurrent_runs", value, integer=True)
-            if value < 1:
-                raise BudgetInputError("max_concurrent_runs", "must be at least 1")
-        clean["max_concurrent_runs"] = value
     if "allow_unknown_price" in data:
         if not isinstance(data["allow_unknown_price"], bool):
             raise BudgetInputError("allow_unknown_price", "must be true or false")
         clean["allow_unknown_price"] = data["allow_unknown_price"]
+    limits = data.get("limits", {})
+    if not isinstance(limits, dict):
+        raise BudgetInputError("limits", "expected an object")
+    unknown = sorted(set(limits) - {*PERIODS, "run", "max_concurrent_runs"})
+    if unknown:
+        raise BudgetInputError(f"limits.{unknown[0]}", "unknown limit")
+    periods = {k: v for k, v in limits.items() if k in PERIODS}
+    if periods:
+        merged = dict(current.period_limits) if current else {}
+        merged.update(_clean_period_limits(periods))
+        clean["period_limits"] = merged
+    if "run" in limits:
+        clean["run_caps"] = _clean_run_caps(limits["run"])
+    if "max_concurrent_runs" in limits:
+        value = limits["max_concurrent_runs"]
+        if value is not None:
+            _non_negative("limits.max_concurrent_runs", value, integer=True)
+            if value < 1:
+                raise BudgetInputError(
+                    "limits.max_concurrent_runs", "must be at least 1 (or null)"
+                )
+        clean["max_concurrent_runs"] = value
     period_limits = clean.get("period_limits", current.period_limits if current else {})
     run_caps = clean.get("run_caps", current.run_caps if current else {})
     _check_caps_within_periods(run_caps, period_limits)
     return clean
+
+
+def _clean_run_caps(caps: Any) -> dict[str, Any]:
+    if not isinstance(caps, dict):
+        raise BudgetInputError("limits.run", "expected an object")
+    for name, value in caps.items():
+        field = f"limits.run.{name}"
+        if name not in BudgetLimits.__dataclass_fields__:
+            raise BudgetInputError(field, "unknown dimension")
+        if value is not None:
+            integer = name not in ("max_cost", "max_wall_seconds")
+            _non_negative(field, value, integer=integer)
+    try:
+        parsed = BudgetLimits.from_dict(
+            {
+                k: Decimal(str(v)) if k == "max_cost" and v is not None else v
+                for k, v in caps.items()
+            }
+        ).to_dict()
+    except (ValueError, ArithmeticError) as exc:
+        raise BudgetInputError("limits.run", str(exc)) from exc
+    return {k: v for k, v in parsed.items() if v is not None}
 
 
 def _clean_period_limits(raw: Any) -> dict[str, dict[str, Any]]:
@@ -191,12 +206,14 @@ def _clean_period_limits(raw: Any) -> dict[str, dict[str, Any]]:
     clean: dict[str, dict[str, Any]] = {}
     for period, limits in raw.items():
         if period not in PERIODS:
-            raise BudgetInputError(f"period_limits.{period}", "unknown period")
+            raise BudgetInputError(f"limits.{period}", "unknown period")
+        if limits is None:
+            limits = {}
         if not isinstance(limits, dict):
-            raise BudgetInputError(f"period_limits.{period}", "expected an object")
+            raise BudgetInputError(f"limits.{period}", "expected an object")
         clean[period] = {}
         for name, value in limits.items():
-            field = f"period_limits.{period}.{name}"
+            field = f"limits.{period}.{name}"
             if name not in PERIOD_DIMENSIONS:
                 raise BudgetInputError(field, "unknown dimension")
             if value is not None:
@@ -216,21 +233,31 @@ def _check_caps_within_periods(
             limit = (period_limits.get(period) or {}).get(dimension)
             if limit is not None and Decimal(str(run_caps[cap])) > Decimal(str(limit)):
                 raise BudgetInputError(
-                    f"run_caps.{cap}",
+                    f"limits.run.{cap}",
                     f"is above the tenant's {dimension} limit per {period} ({limit})",
                 )
 
 
 def budget_as_dict(budget: Budget | None) -> dict[str, Any]:
-    if budget is None:
-        return {
-            "period_mode": Budget.PeriodMode.CALENDAR.value,
-            "period_limits": {},
-            "run_caps": {},
-            "max_concurrent_runs": None,
-            "allow_unknown_price": False,
+    """The API's shape: every dimension present, None where there is no limit."""
+    period_limits = budget.period_limits if budget else {}
+    run_caps = budget.run_caps if budget else {}
+    limits: dict[str, Any] = {
+        period: {
+            name: (period_limits.get(period) or {}).get(name)
+            for name in PERIOD_DIMENSIONS
         }
-    return {name: getattr(budget, name) for name in BUDGET_FIELDS}
+        for period in PERIODS
+    }
+    limits["run"] = {
+        name: run_caps.get(name) for name in BudgetLimits.__dataclass_fields__
+    }
+    limits["max_concurrent_runs"] = budget.max_concurrent_runs if budget else None
+    return {
+        "period_mode": budget.period_mode if budget else "calendar",
+        "allow_unknown_price": budget.allow_unknown_price if budget else False,
+        "limits": limits,
+    }
 
 
 @transaction.atomic
@@ -494,6 +521,12 @@ def _active_runs(tenant_id: Any) -> Any:
         Q(status__in=[Run.Status.RUNNING, Run.Status.WAITING_APPROVAL])
         | Q(status=Run.Status.QUEUED, step_token__isnull=False)
     )
+
+
+def active_run_count(*, tenant_id: Any) -> int:
+    """Runs holding a concurrency slot: queued with a task, running or waiting."""
+    count: int = _active_runs(tenant_id).count()
+    return count
 
 
 def run_slot_claim(*, run: Run) -> bool:

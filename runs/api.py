@@ -12,8 +12,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.models import Role
-from controlplane.tenancy import IsTenantMember, role_required, tenant_of
+from controlplane.budget_services import run_usage_against_caps
+from controlplane.permissions import Action, action_required
+from controlplane.tenancy import tenant_of
 from runs import selectors, services
 from runs.models import Run
 
@@ -63,6 +64,11 @@ class RunSerializer(serializers.Serializer[Any]):
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
+    budget = serializers.SerializerMethodField()
+
+    def get_budget(self, run: Run) -> dict[str, dict[str, Any]]:
+        """Use against cap per dimension: {"steps": {"used": 3, "cap": 50}, ...}."""
+        return run_usage_against_caps(run)
 
 
 class RunDetailSerializer(RunSerializer):
@@ -77,8 +83,8 @@ class RunListApi(APIView):
 
     def get_permissions(self) -> list[Any]:
         if self.request.method == "POST":
-            return [role_required(Role.ADMIN, Role.OPERATOR)()]
-        return [IsTenantMember()]
+            return [action_required(Action.RUN_START)()]
+        return [action_required(Action.RUN_READ)()]
 
     @extend_schema(
         parameters=[
@@ -130,13 +136,15 @@ def _run_or_404(request: Request, run_id: str) -> Run:
 
 
 class RunDetailApi(APIView):
+    permission_classes = [action_required(Action.RUN_READ)]
+
     @extend_schema(responses=RunDetailSerializer)
     def get(self, request: Request, run_id: str) -> Response:
         return Response(RunDetailSerializer(_run_or_404(request, run_id)).data)
 
 
 class RunCancelApi(APIView):
-    permission_classes = [role_required(Role.ADMIN, Role.OPERATOR)]
+    permission_classes = [action_required(Action.RUN_CANCEL)]
 
     @extend_schema(request=None, responses={200: RunSerializer, 409: RunSerializer})
     def post(self, request: Request, run_id: str) -> Response:

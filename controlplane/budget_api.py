@@ -1,0 +1,61 @@
+"""GET/PUT /api/v1/budget/: the caller's tenant budget and its use (admins write)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.budget_ledger import budget_of
+from controlplane.budget_services import (
+    BudgetInputError,
+    active_run_count,
+    budget_as_dict,
+    budget_update,
+    budget_usage,
+)
+from controlplane.models import Tenant
+from controlplane.permissions import Action, method_actions
+from controlplane.tenancy import tenant_of
+
+
+def _budget_body(tenant: Tenant) -> dict[str, Any]:
+    body = budget_as_dict(budget_of(tenant))
+    windows = budget_usage(tenant=tenant)
+    body["usage"] = {
+        period: {name: values["used"] for name, values in dims.items()}
+        for period, dims in windows.items()
+    }
+    body["usage"]["max_concurrent_runs"] = active_run_count(tenant_id=tenant.pk)
+    body["reserved"] = {
+        period: {name: values["reserved"] for name, values in dims.items()}
+        for period, dims in windows.items()
+    }
+    return body
+
+
+class BudgetApi(APIView):
+    get_permissions = method_actions(Action.BUDGET_READ, Action.BUDGET_WRITE)
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response(_budget_body(tenant_of(request).tenant))
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
+    def put(self, request: Request) -> Response:
+        context = tenant_of(request)
+        try:
+            budget_update(
+                tenant=context.tenant,
+                actor=context.user,
+                data=request.data,
+                remote_addr=request.META.get("REMOTE_ADDR"),
+            )
+        except BudgetInputError as exc:
+            raise ValidationError({exc.field: [str(exc)]}) from exc
+        return Response(_budget_body(context.tenant))
