@@ -45,7 +45,7 @@ function render() {
     const li = el("li", { class: `inbox-item${i === active ? " active" : ""}`, tabindex: i === active ? "0" : "-1", "data-approval": a.id,
       "aria-label": `${a.tool} in run ${a.run.slice(0, 8)}, requested ${when(a.requested_at)}, ${timeLeft(a.expires_at)}` },
       el("div", { class: "inbox-head" },
-        el("span", { class: "status s-waiting_approval" }, el("span", { "aria-hidden": "true", text: "⏸" }), " pending"),
+        el("span", { class: "status s-waiting_approval" }, el("span", { "aria-hidden": "true", text: "‖" }), " pending"),
         el("code", { class: "tool", text: a.tool }),
         el("a", { href: `/runs/${a.run}/#call=${encodeURIComponent(a.tool_call_id)}`, text: `run ${a.run.slice(0, 8)} → trace` }),
         el("span", { class: "muted small", text: `requested ${when(a.requested_at)}` }),

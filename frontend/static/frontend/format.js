@@ -1,12 +1,12 @@
 // Formatting shared by the pages: status icon + word (never colour alone), times, money.
 
 const STATUS = {
-  queued: ["◷", "queued"], running: ["⟳", "running"], waiting_approval: ["⏸", "waiting for approval"],
+  queued: ["◷", "queued"], running: ["⟳", "running"], waiting_approval: ["‖", "waiting for approval"],
   succeeded: ["✓", "succeeded"], failed: ["✕", "failed"], unverified: ["?", "unverified"],
-  budget_exhausted: ["$", "budget exhausted"], policy_blocked: ["⛔", "policy blocked"],
+  budget_exhausted: ["$", "budget exhausted"], policy_blocked: ["⊗", "policy blocked"],
   cancelled: ["⊘", "cancelled"], ok: ["✓", "ok"], error: ["✕", "error"], unset: ["•", "done"],
-  abandoned: ["☠", "abandoned"], pending: ["⏸", "pending"], approved: ["✓", "approved"],
-  denied: ["✕", "denied"], expired: ["⌛", "expired"],
+  abandoned: ["☠", "abandoned"], pending: ["‖", "pending"], approved: ["✓", "approved"],
+  denied: ["✕", "denied"], expired: ["⊖", "expired"],
 };
 
 export const TERMINAL_RUN = new Set(["succeeded", "failed", "unverified", "budget_exhausted", "policy_blocked", "cancelled"]);

@@ -12,10 +12,11 @@ import { gauge } from "./gauge.js";
 const root = document.getElementById("run-root");
 const runId = root.dataset.runId;
 const canDecide = root.dataset.canDecide === "1";
-const EAGER_EVENTS = 2000; // a run with fewer events loads whole from its log
+const EAGER_EVENTS = 4000; // a run with fewer events loads whole from its log
+const EVENT_PAGE = 1000; // the events endpoint's largest page
 const SPAN_PAGE = 500;
 
-const model = new TraceModel();
+const model = (window.cpTrace = new TraceModel());
 let run = null;
 let approvals = new Map(); // id -> approval of this run
 let cursor = 0;
@@ -71,7 +72,7 @@ function renderBanner() {
   banner.replaceChildren(...pending.map((approval) => {
     const node = approvalNode(approval);
     const item = el("div", { class: "approval-card", "data-approval": approval.id },
-      el("strong", {}, "⏸ Waiting for approval: ", el("code", { text: approval.tool })),
+      el("strong", {}, "‖ Waiting for approval: ", el("code", { text: approval.tool })),
       el("span", { class: "rule", text: `rule: ${approval.rule_reason || approval.rule || "–"}` }),
       el("span", { class: "left", "data-expires": approval.expires_at, text: timeLeft(approval.expires_at) }),
       el("pre", { class: "args", text: pretty(approval.args) }),
@@ -167,35 +168,6 @@ function renderBurn() {
   document.getElementById("burn").replaceChildren(...dims.map(([label, used, cap, fmt = String]) => gauge(label, used, cap, fmt)));
 }
 
-document.getElementById("cancel-run");
-  if (cancel) cancel.hidden = TERMINAL_RUN.has(run.status);
-  renderBurn();
-}
-
-function renderBurn() {
-  const limits = run.limits || {};
-  const wall = run.started_at ? since(run.started_at, run.finished_at) / 1000 : 0;
-  const dims = [
-    ["Steps", run.steps, limits.max_steps], ["Tool calls", run.tool_calls, limits.max_tool_calls],
-    ["Input tokens", run.input_tokens, limits.max_input_tokens], ["Output tokens", run.output_tokens, limits.max_output_tokens],
-    ["Cost", Number(run.cost), limits.max_cost == null ? null : Number(limits.max_cost), money],
-    ["Wall time", wall, limits.max_wall_seconds, (v) => duration(v * 1000)],
-  ];
-  document.getElementById("burn").replaceChildren(...dims.map(([label, used, cap, fmt = String]) => gauge(label, used, cap, fmt)));
-}
-
-export function gauge(label, used, cap, fmt = String) {
-  const ratio = cap ? Math.min(1, used / cap) : 0;
-  const pct = Math.round(ratio * 100);
-  const level = ratio >= 1 ? "over" : ratio >= 0.8 ? "high" : "ok";
-  const text = cap ? `${fmt(used)} of ${fmt(cap)} (${pct}%)${level === "over" ? " — limit reached" : level === "high" ? " — near limit" : ""}` : `${fmt(used)} (no cap)`;
-  return el("div", { class: `gauge g-${level}` },
-    el("span", { class: "g-label", text: label }),
-    el("span", { class: "g-track", role: "meter", "aria-label": label, "aria-valuemin": "0", "aria-valuemax": String(cap || 0), "aria-valuenow": String(used), "aria-valuetext": text },
-      el("span", { class: "g-fill", style: `width:${cap ? pct : 0}%` })),
-    el("span", { class: "g-text", text }));
-}
-
 document.getElementById("cancel-run")?.addEventListener("click", async (event) => {
   if (!confirm("Cancel this run? Work in progress stops at the next safe point.")) return;
   event.target.disabled = true;
@@ -241,7 +213,16 @@ const loadApprovalsSoon = throttle(loadApprovals, 250);
 
 async function fetchSpans(url) {
   const page = await api(url);
-  return { spans: rowsOf(page), next: page && !Array.isArray(page) ? page.next || null : null };
+  let next = null;
+  if (page && !Array.isArray(page)) {
+    if (page.next) next = page.next;
+    else if (page.next_offset != null) {
+      const u = new URL(url, location.origin);
+      u.searchParams.set("offset", String(page.next_offset));
+      next = u.pathname + u.search;
+    }
+  }
+  return { spans: rowsOf(page), next };
 }
 
 async function loadChildren(node) {
@@ -276,42 +257,57 @@ async function loadMore(parent) {
   }
 }
 
-// The log's last seq without reading it all: the endpoint may say, else bisect.
-async function lastSeq(firstPage) {
-  if (firstPage && firstPage.last_seq != null) return firstPage.last_seq;
-  let low = rowsOf(firstPage).at(-1)?.seq ?? 0;
-  let high = low * 2 + 1000;
+// The log's last seq without reading it all: gallop, then bisect.
+async function lastSeq(known) {
   const has = async (after) => rowsOf(await api(`/api/v1/runs/${runId}/events/?after_seq=${after}&limit=1`)).length > 0;
+  if (!(await has(known))) return known;
+  let low = known; // invariant: an event after low exists, none after high
+  let high = known * 2 + 1000;
   while (await has(high)) { low = high; high *= 2; }
   while (high - low > 1) {
     const mid = Math.floor((low + high) / 2);
     if (await has(mid)) low = mid; else high = mid;
   }
-  return low;
+  return high;
 }
 
 async function loadTrace() {
-  let first = null;
+  const events = [];
+  let page = null;
+  let available = true;
   try {
-    first = await api(`/api/v1/runs/${runId}/events/?after_seq=0&limit=${EAGER_EVENTS}`);
+    let after = 0;
+    do {
+      page = await api(`/api/v1/runs/${runId}/events/?after_seq=${after}&limit=${EVENT_PAGE}`);
+      const rows = rowsOf(page);
+      events.push(...rows);
+      after = rows.at(-1)?.seq ?? after;
+      if (rows.length < EVENT_PAGE) break;
+    } while (events.length < EAGER_EVENTS);
   } catch (error) {
     if (!(error instanceof ApiError && error.status === 404)) throw error;
+    available = false; // no events endpoint: the socket replays from the start
   }
-  const events = rowsOf(first);
-  if (first === null || events.length < EAGER_EVENTS) {
-    // Small run (or no events endpoint): the log is the whole story.
+  const complete = !available || rowsOf(page).length < EVENT_PAGE;
+  if (complete) {
+    // A small run: its log is the whole story, every node fully known.
     for (const event of events) { cursor = event.seq; applyEventQuiet(event); }
     for (const node of model.nodes.values()) if (node.children === null) node.children = [];
     model.adoptOrphans();
     expandDefault();
     return;
   }
-  // Large run: roots and the root's first page of children; the rest on expand.
+  // A large run: roots and the first pages of children; the rest on expand.
   const roots = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=&limit=${SPAN_PAGE}`);
   model.addPage("", roots.spans, roots.next);
   model.rootNext = roots.next;
-  for (const id of model.roots.slice(0, 3)) { const node = model.nodes.get(id); node.expanded = true; node.loading = true; loadChildren(node); }
-  cursor = await lastSeq(first);
+  for (const id of model.roots.slice(0, 3)) {
+    const node = model.nodes.get(id);
+    node.expanded = true;
+    node.loading = true;
+    loadChildren(node);
+  }
+  cursor = await lastSeq(events.at(-1)?.seq ?? 0);
 }
 
 function applyEventQuiet(event) {

@@ -81,7 +81,7 @@ function row(run) {
     el("td", { class: "num", text: String(run.steps) }),
     el("td", { class: "num", text: tokens((run.input_tokens || 0) + (run.output_tokens || 0)) }),
     el("td", { class: "num", text: money(run.cost) }),
-    el("td", {}, waiting ? el("a", { class: "waiting", href: `/runs/${run.id}/` , text: `⏸ ${waiting} waiting` }) : el("span", { class: "muted", text: "–" })),
+    el("td", {}, waiting ? el("a", { class: "waiting", href: `/runs/${run.id}/` , text: `‖ ${waiting} waiting` }) : el("span", { class: "muted", text: "–" })),
   );
   return tr;
 }

@@ -113,10 +113,10 @@ export class TreeView {
     return `<div class="trow st-${esc(s.status)}${selected ? " selected" : ""}${focus ? " focus" : ""}${approval ? " pending" : ""}" id="row-${esc(node.id)}" role="treeitem"`
       + ` aria-level="${row.depth + 1}" aria-selected="${selected}"${leaf ? "" : ` aria-expanded="${node.expanded}"`} aria-label="${esc(label)}"`
       + ` data-index="${index}" data-span="${esc(node.id)}" style="top:${top}px">`
-      + `<span class="name" style="padding-left:${pad}px">${toggle}<span class="sicon s-${esc(approval ? "waiting_approval" : s.status)}" title="${esc(approval ? "waiting for approval" : word)}" aria-hidden="true">${approval ? "⏸" : icon}</span>`
+      + `<span class="name" style="padding-left:${pad}px">${toggle}<span class="sicon s-${esc(approval ? "waiting_approval" : s.status)}" title="${esc(approval ? "waiting for approval" : word)}" aria-hidden="true">${approval ? "‖" : icon}</span>`
       + `<span class="label" title="${esc(s.name)}">${esc(s.name)}</span><span class="sr-only">${esc(word)}</span>${extra}</span>`
-      + `<span class="num" title="${esc(tokTitle)}">${tok}</span><span class="num">${cost == null ? "" : money(cost)}</span>`
-      + `<span class="num">${duration(end - start)}</span>`
+      + (approval ? "" : `<span class="num" title="${esc(tokTitle)}">${tok}</span><span class="num">${cost == null ? "" : money(cost)}</span>`
+      + `<span class="num">${duration(end - start)}</span>`)
       + `<span class="bar-track"><span class="bar b-${esc(s.status)}" style="left:${left.toFixed(3)}%;width:${width.toFixed(3)}%"></span></span>`
       + `</div>`;
   }

@@ -1,0 +1,257 @@
+"""The UI in real Chromium against a real Daphne, Redis and Celery worker."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from approvals.models import ApprovalRequest
+from runs.demo import DEMO_INPUT, demo_seed_shop
+from runs.models import Run
+from runs.services import run_start
+from tests.frontend.conftest import DaphneServer
+from tracing.models import Span
+
+pytestmark = [pytest.mark.browser, pytest.mark.worker]
+
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what or check}")
+
+
+@pytest.fixture
+def shop(tenant: Any, transactional_db: Any) -> Any:
+    demo_seed_shop(tenant=tenant)
+    return tenant
+
+
+def waiting_run(tenant: Any, user: Any) -> Run:
+    """Start the demo run and let the worker take it to the approval gate."""
+    run = run_start(
+        tenant=tenant, agent_slug="kettlecraft-support", input=DEMO_INPUT, started_by=user
+    )
+    wait_for(
+        lambda: Run.objects.get(id=run.id).status == Run.Status.WAITING_APPROVAL,
+        what="the run to wait for approval",
+    )
+    return Run.objects.get(id=run.id)
+
+
+def pending_of(run: Run) -> ApprovalRequest:
+    return ApprovalRequest.objects.get(run=run, status="pending")
+
+
+def tree_state(page: Any) -> dict[str, Any]:
+    """What the page holds: span ids and whether any list repeats one."""
+    return page.evaluate(
+        """() => {
+        const m = window.cpTrace;
+        const lists = [m.roots, ...[...m.nodes.values()].map((n) => n.children || [])];
+        const dupes = lists.some((l) => new Set(l).size !== l.length);
+        const placed = lists.flat();
+        return {ids: [...m.nodes.keys()], placed: placed.length, dupes};
+        }"""
+    )
+
+
+def test_operator_starts_the_demo_run_watches_it_live_approves_and_it_succeeds(
+    shop: Any, operator_user: Any, admin_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    page = open_page(operator_user, "/runs/")
+    expect(page.locator("#runs-body")).to_contain_text("No runs yet")
+    page.get_by_label("Agent to run").select_option("kettlecraft-support")
+    page.get_by_label("Input").fill(DEMO_INPUT)
+    page.get_by_role("button", name="Start run").click()
+    row = page.locator("#runs-body tr[data-run]").first
+    expect(row).to_contain_text("kettlecraft-support")
+    # The list follows the run live: no reload.
+    expect(row).to_contain_text("1 waiting", timeout=30_000)
+    expect(row).to_contain_text("waiting for approval")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "runs-list.png"))
+    run_id = row.get_attribute("data-run")
+
+    row.locator("a.run-link").click()
+    page.wait_for_url(f"**/runs/{run_id}/")
+    tree = page.get_by_role("tree")
+    expect(tree.get_by_role("treeitem").first).to_contain_text("invoke_agent")
+    approve = tree.get_by_role("button", name="Approve create_replacement")
+    expect(approve).to_be_visible()
+    node = tree.locator(".trow.pending")
+    expect(node).to_contain_text("4821")  # the arguments are on the node
+    expect(node.locator(".left")).to_contain_text("left")  # and the time left
+
+    # A second page (an admin) open on the same run.
+    other = open_page(admin_user, f"/runs/{run_id}/")
+    expect(other.get_by_role("button", name="Approve create_replacement")).to_be_visible()
+    node.click()
+    expect(page.locator("#detail")).to_contain_text("Waiting for approval")
+    page.screenshot(path=str(SCREENSHOTS / "run-waiting-for-approval.png"))
+
+    approve.click()
+    # Every open page shows the decision at once, and the run goes on live.
+    expect(other.get_by_role("button", name="Approve create_replacement")).to_have_count(0)
+    expect(page.locator("#run-status")).to_contain_text("succeeded", timeout=30_000)
+    expect(other.locator("#run-status")).to_contain_text("succeeded", timeout=30_000)
+    run = Run.objects.get(id=run_id)
+    assert run.status == Run.Status.SUCCEEDED
+    approval = ApprovalRequest.objects.get(run=run)
+    assert approval.status == "approved"
+    assert approval.decided_by == operator_user
+    # The tree holds every stored span exactly once.
+    wait_for(
+        lambda: len(tree_state(page)["ids"]) == Span.objects.filter(run=run).count(),
+        what="every span in the tree",
+    )
+    state = tree_state(page)
+    assert not state["dupes"]
+    assert sorted(state["ids"]) == sorted(
+        Span.objects.filter(run=run).values_list("span_id", flat=True)
+    )
+    tree.get_by_role("treeitem").first.click()
+    page.keyboard.press("End")
+    expect(page.locator("#detail h2")).not_to_have_text("Span")
+    expect(page.locator("#detail pre.payload").first).not_to_have_text("Loading…")
+    page.screenshot(path=str(SCREENSHOTS / "run-succeeded.png"))
+
+
+def test_deny_asks_for_a_reason_and_a_stale_page_shows_why_its_decision_failed(
+    shop: Any, operator_user: Any, admin_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    run = waiting_run(shop, operator_user)
+    page = open_page(operator_user, f"/runs/{run.id}/")
+    stale = open_page(admin_user, f"/runs/{run.id}/")
+    deny = page.get_by_role("tree").get_by_role("button", name="Deny create_replacement")
+    stale_approve = stale.get_by_role("tree").get_by_role(
+        "button", name="Approve create_replacement"
+    )
+    expect(stale_approve).to_be_visible()
+    # The stale page stops listening, so its button outlives the decision.
+    stale.evaluate("() => window.cpStreams.forEach((s) => s.stop())")
+
+    deny.click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_be_visible()
+    dialog.get_by_role("button", name="Deny").click()
+    expect(dialog.get_by_role("alert")).to_contain_text("Say why")
+    assert pending_of(run).status == "pending"  # nothing was sent
+    dialog.get_by_label("Reason").fill("Wrong warehouse; ship from Leeds instead.")
+    dialog.get_by_role("button", name="Deny").click()
+    expect(dialog).to_be_hidden()
+    expect(page.get_by_role("button", name="Deny create_replacement")).to_have_count(0)
+    approval = ApprovalRequest.objects.get(run=run)
+    assert approval.status == "denied"
+    assert approval.reason == "Wrong warehouse; ship from Leeds instead."
+
+    stale_approve.click()
+    expect(stale.locator("#run-error")).to_contain_text("Already decided: denied")
+    expect(stale_approve).to_have_count(0)  # the node was refreshed
+    assert ApprovalRequest.objects.get(run=run).status == "denied"
+
+
+def test_viewer_sees_no_decision_or_edit_controls_and_a_forged_decision_is_refused(
+    shop: Any, operator_user: Any, viewer_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    run = waiting_run(shop, operator_user)
+    page = open_page(viewer_user, f"/runs/{run.id}/")
+    tree = page.get_by_role("tree")
+    expect(tree.locator(".trow.pending")).to_be_visible()
+    expect(page.get_by_role("button", name=re.compile("Approve|Deny"))).to_have_count(0)
+    expect(page.get_by_role("button", name="Cancel run")).to_have_count(0)
+    approval = pending_of(run)
+    status = page.evaluate(
+        """async (id) => {
+        const token = document.cookie.match(/csrftoken=([^;]+)/)[1];
+        const r = await fetch(`/api/v1/approvals/${id}/decide/`, {method: "POST",
+          headers: {"Content-Type": "application/json", "X-CSRFToken": token},
+          body: JSON.stringify({decision: "approve"})});
+        return r.status; }""",
+        str(approval.id),
+    )
+    assert status == 403
+    assert pending_of(run).decisions.count() == 0
+    page.goto("/runs/")
+    expect(page.get_by_role("button", name="Start run")).to_have_count(0)
+    page.goto("/approvals/")
+    expect(page.locator("#inbox li")).to_have_count(1)
+    expect(page.get_by_role("button", name=re.compile("Approve|Deny"))).to_have_count(0)
+    page.goto("/budget/")
+    expect(page.get_by_role("button", name="Save limits")).to_have_count(0)
+    assert page.goto("/audit/").status == 403
+
+
+def test_inbox_lists_pending_oldest_first_live_and_approves_from_the_keyboard(
+    shop: Any, operator_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    first = waiting_run(shop, operator_user)
+    page = open_page(operator_user, "/approvals/")
+    items = page.locator("#inbox li")
+    expect(items).to_have_count(1)
+    second = waiting_run(shop, operator_user)
+    expect(items).to_have_count(2)  # arrived live
+    expect(items.nth(0)).to_contain_text(str(first.id)[:8])
+    expect(items.nth(1)).to_contain_text(str(second.id)[:8])
+    expect(items.nth(0).get_by_role("link")).to_have_attribute(
+        "href", re.compile(rf"/runs/{first.id}/#call=")
+    )
+    page.screenshot(path=str(SCREENSHOTS / "approvals-inbox.png"))
+    items.nth(0).focus()
+    page.keyboard.press("j")
+    expect(items.nth(1)).to_be_focused()
+    page.keyboard.press("a")
+    expect(items).to_have_count(1)
+    assert pending_of(first).status == "pending"
+    assert ApprovalRequest.objects.get(run=second).status == "approved"
+    page.keyboard.press("d")
+    page.get_by_label("Reason").fill("not today")
+    page.keyboard.press("Enter")
+    expect(page.locator("#inbox-empty")).to_be_visible()
+    assert ApprovalRequest.objects.get(run=first).status == "denied"
+
+
+def test_lost_socket_shows_reconnecting_and_after_reconnect_holds_every_span_once(
+    shop: Any, operator_user: Any, open_page: Any, ui_worker: Any, tmp_path: Path
+) -> None:
+    from approvals.services import approval_decide
+
+    server = DaphneServer(tmp_path).start()
+    try:
+        run = waiting_run(shop, operator_user)
+        page = open_page(operator_user, f"/runs/{run.id}/", server=server)
+        expect(page.locator("#conn")).to_contain_text("Live")
+        expect(page.get_by_role("tree").locator(".trow.pending")).to_be_visible()
+        before = len(tree_state(page)["ids"])
+        server.stop()  # the connection is lost mid-run
+        expect(page.locator("#conn")).to_contain_text(re.compile("Reconnecting|Polling"))
+        approval_decide(request=pending_of(run), decided_by=operator_user, approve=True)
+        wait_for(
+            lambda: Run.objects.get(id=run.id).status == Run.Status.SUCCEEDED,
+            what="the run to finish while the page is offline",
+        )
+        assert page.locator("#run-status").inner_text().find("succeeded") < 0
+        server = DaphneServer(tmp_path, port=server.port).start()
+        expect(page.locator("#conn")).to_contain_text("Live", timeout=30_000)
+        expect(page.locator("#run-status")).to_contain_text("succeeded")
+        stored = sorted(Span.objects.filter(run=run).values_list("span_id", flat=True))
+        wait_for(lambda: len(tree_state(page)["ids"]) == len(stored), what="all spans")
+        state = tree_state(page)
+        assert len(stored) > before
+        assert sorted(state["ids"]) == stored
+        assert not state["dupes"]
+        assert state["placed"] == len(stored)
+    finally:
+        server.stop()
