@@ -262,6 +262,10 @@ class _Run:
             raise
         init_status = _read_status(status_r)
         counters = self.cgroup.counters() if self.cgroup is not None else {}
+        if init_status is not None and "utime_ms" in init_status:
+            counters["workload_cpu_ms"] = int(init_status["utime_ms"]) + int(
+                init_status.get("stime_ms", 0)
+            )
         if kill_method is not None:
             self.enforcement["kill_method"] = kill_method
         return self._result(

@@ -56,8 +56,9 @@ def test_cpu_spin_ends_by_sigxcpu_before_wall_clock(
     r = run_python(settings, workspace, "while True: pass", limits)
     assert (r.signal, r.signal_name, r.timed_out) == (24, "SIGXCPU", False)
     assert r.termination_cause == "cpu_limit" and r.error == "ECPU"
-    # CPU time, not wall time, is what ran out; wall time depends on host load.
-    assert 900_000 <= r.counters["cpu_usage_usec"] < 1_600_000
+    # CPU time, not wall time, is what ran out; wall time depends on host load, and
+    # rusage reads CPU time a little low under load.
+    assert 700 <= r.counters["workload_cpu_ms"] < 1_600
     assert r.duration_ms < 10_000
 
 
@@ -69,7 +70,7 @@ def test_cpu_spin_ignoring_sigxcpu_dies_at_hard_limit(
     )
     r = run_python(settings, workspace, code, Limits(cpu_seconds=1, wall_seconds=10))
     assert (r.signal, r.timed_out, r.termination_cause) == (9, False, "cpu_limit")
-    assert 1_900_000 <= r.counters["cpu_usage_usec"] < 2_600_000
+    assert 1_500 <= r.counters["workload_cpu_ms"] < 2_600
 
 
 def test_sleep_under_cpu_limit_completes(
