@@ -142,8 +142,8 @@ class _Run:
     def _open_files(self) -> _Files:
         # Files, not pipes (OUT-1): the parent never blocks on the child's output.
         # They outlive this method and are closed in execute()'s finally.
-        out = open(self.run_dir / "stdout", "w+b")  # noqa: SIM115
-        err = open(self.run_dir / "stderr", "w+b")  # noqa: SIM115
+        out = open(self.run_dir / "stdout", "w+b", opener=_private)  # noqa: SIM115
+        err = open(self.run_dir / "stderr", "w+b", opener=_private)  # noqa: SIM115
         stdin = None
         if self.spec.stdin_data is not None:
             path = self.run_dir / "stdin"
@@ -483,6 +483,11 @@ def _give_workspace_to_sandbox(workspace: Path, settings: SandboxSettings) -> No
             st = os.lstat(path)
             if st.st_uid != uid or st.st_gid != gid:
                 os.lchown(path, uid, gid)
+
+
+def _private(path: str, flags: int) -> int:
+    """Output files are readable by root only, whatever the umask."""
+    return os.open(path, flags, 0o600)
 
 
 def _first_child(pid: int) -> int | None:
