@@ -156,9 +156,9 @@ class _Run:
     ) -> list[str]:
         limits = self.spec.limits
         config = {"status": str(status_fd), "core": "0:0"}
-        if limits.cpu_seconds is not None:
-            soft = max(1, math.ceil(limits.cpu_seconds))
-            config["cpu"] = f"{soft}:{soft + 1}"
+        cpu = _cpu_rlimit(limits.cpu_seconds)
+        if cpu is not None:
+            config["cpu"] = f"{cpu[0]}:{cpu[1]}"
         if limits.fsize_mb is not None:
             config["fsize"] = str(limits.fsize_mb * 1024 * 1024)
         if limits.nofile is not None:
@@ -357,11 +357,8 @@ class _Run:
         cap = limits.output_bytes
         stdout, out_bytes = _read_capped(files.out, cap)
         stderr, err_bytes = _read_capped(files.err, cap)
-        cpu_hard = (
-            max(1, math.ceil(limits.cpu_seconds)) + 1
-            if limits.cpu_seconds is not None
-            else None
-        )
+        cpu = _cpu_rlimit(limits.cpu_seconds)
+        cpu_hard = cpu[1] if cpu is not None else None
         extra: list[str] = []
         if proc.returncode == launch.LAUNCHER_EXIT_CGROUP and init_status is None:
             extra.append("launcher could not join the run cgroup")
@@ -371,7 +368,7 @@ class _Run:
                 launcher_returncode=proc.returncode,
                 killed_for=killed_for,
                 counters=counters,
-                cpu_hard_seconds=cpu_hard if limits.cpu_seconds is not None else None,
+                cpu_hard_seconds=cpu_hard,
                 output_cap=cap,
                 out_bytes=out_bytes,
                 err_bytes=err_bytes,
@@ -411,6 +408,7 @@ def _enforcement(
 ) -> dict[str, Any]:
     """The layers this run gets; cgroup entries are confirmed once the cgroup exists."""
     limits = spec.limits
+    as_mb = limits.effective_address_space_mb()
     ns = planned["bwrap"]
     return {
         "bwrap": ns,
@@ -428,12 +426,14 @@ def _enforcement(
         "uid_drop": planned["uid_drop"],
         "no_new_privs": planned["no_new_privs"],
         "cap_drop": ns,
+        # Requested values; the init refuses to run the workload if any of them
+        # cannot be applied, so a result with a workload status had all of them.
         "rlimits": {
             "core": 0,
-            "cpu": limits.cpu_seconds is not None,
-            "fsize": limits.fsize_mb is not None,
-            "nofile": limits.nofile is not None,
-            "as": limits.effective_address_space_mb() is not None,
+            "cpu_seconds": _cpu_rlimit(limits.cpu_seconds),
+            "fsize_bytes": limits.fsize_mb * 1024 * 1024 if limits.fsize_mb else None,
+            "nofile": limits.nofile,
+            "as_bytes": as_mb * 1024 * 1024 if as_mb else None,
         },
         "cgroup": caps.cgroup.mode,
         "cgroup_kill": False,
@@ -483,6 +483,14 @@ def _give_workspace_to_sandbox(workspace: Path, settings: SandboxSettings) -> No
             st = os.lstat(path)
             if st.st_uid != uid or st.st_gid != gid:
                 os.lchown(path, uid, gid)
+
+
+def _cpu_rlimit(cpu_seconds: float | None) -> list[int] | None:
+    """RLIMIT_CPU (soft, hard): whole seconds, hard one second later (SIGKILL)."""
+    if cpu_seconds is None:
+        return None
+    soft = max(1, math.ceil(cpu_seconds))
+    return [soft, soft + 1]
 
 
 def _private(path: str, flags: int) -> int:

@@ -118,12 +118,18 @@ def main(argv: list[str]) -> int:
     config = _parse_config(argv[1])
     command = argv[3:]  # argv[2] is "--"
     status_fd = int(config["status"])
-    _apply_rlimits(config)
-    if config.get("bridge"):
-        port, _, socket_path = config["bridge"].partition(":")
-        _start_bridge(int(port), socket_path)
-    _close_inherited_fds(keep=set())
     record: dict[str, int | str] = {}
+    try:
+        _apply_rlimits(config)
+        if config.get("bridge"):
+            port, _, socket_path = config["bridge"].partition(":")
+            _start_bridge(int(port), socket_path)
+    except (OSError, ValueError) as exc:
+        # Fail closed: a workload never runs with a limit silently missing.
+        record["setup_error"] = str(exc)
+        os.write(status_fd, _encode(record).encode())
+        return 1
+    _close_inherited_fds(keep=set())
     try:
         # posix_spawn (vfork underneath) rather than fork: cheaper, and setsigdef
         # undoes Python's SIG_IGN of SIGPIPE/SIGXFSZ, which exec would otherwise keep.

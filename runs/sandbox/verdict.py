@@ -94,6 +94,10 @@ def judge(obs: Observation) -> Verdict:
     elif full:
         cause = "disk_full"
         details.append(f"no space left on {', '.join(full)}; files may be partial")
+    elif "setup_error" in init:
+        cause = "exit"
+        error = "ESANDBOX"
+        details.append(f"sandbox setup failed, nothing ran: {init['setup_error']}")
     elif "spawn_errno" in init:
         cause = "exit"
         code = int(init["spawn_errno"])

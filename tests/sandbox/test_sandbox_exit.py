@@ -129,3 +129,17 @@ def test_decode_waitid_on_real_children() -> None:
 def test_decode_returncode() -> None:
     assert decode_returncode(-24).signal_name == "SIGXCPU"
     assert decode_returncode(3).exit_code == 3
+
+
+def test_a_limit_that_cannot_be_applied_fails_closed(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    # More open files than the host's hard limit: setrlimit fails inside, and the
+    # workload must not run without it.
+    spec = SandboxSpec(
+        argv=["touch", "ran.txt"], workspace=workspace, limits=Limits(nofile=1 << 30)
+    )
+    r = run_in_sandbox(spec, settings)
+    assert (r.ok, r.error, r.exit_code) == (False, "ESANDBOX", None)
+    assert "setup failed" in r.detail
+    assert not (workspace / "ran.txt").exists()
