@@ -6,7 +6,9 @@
 2. raw bubblewrap with the runner's exact flags (and its setpriv uid drop), running
    `true` directly: no cgroup, no init, no bookkeeping;
 3. `run_in_sandbox` (launcher shell, cgroup setup/teardown, bubblewrap, the Python
-   init, wall clock, judging).
+   init, wall clock, judging);
+4. for reference, bubblewrap starting an empty `python3 -S`: the floor any Python
+   init pays.
 
 The three are interleaved so that drift on a shared VM hits all of them alike. Then N
 sandboxes run concurrently and the script reports leaked processes and cgroups, which
@@ -104,12 +106,15 @@ def main(argv: list[str] | None = None) -> int:
         raw = setpriv_argv(caps.setpriv, uid, gid) + bwrap_argv(
             caps.bwrap, uid=uid, gid=gid, workspace=ws, tmpfs_bytes=64 << 20
         )
+        # The floor of any Python init: bubblewrap starting an empty interpreter.
+        floor = [*raw, SETTINGS.python, "-S", "-E", "-I", "-B", "-c", "pass"]
         raw.append("true")
         spec = SandboxSpec(argv=["true"], workspace=ws, limits=Limits())
         ways: dict[str, Callable[[], object]] = {
             "subprocess.run": lambda: subprocess.run(["true"], check=True),
             "raw bwrap": lambda: subprocess.run(raw, check=True, cwd="/"),
             "run_in_sandbox": lambda: run_in_sandbox(spec, SETTINGS),
+            "bwrap+empty py": lambda: subprocess.run(floor, check=True, cwd="/"),
         }
         for fn in ways.values():  # warm-up: page cache, probe, init install
             for _ in range(5):
@@ -128,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         p50 = {name: f["p50_ms"] for name, f in figures.items()}
         ratio_bwrap = p50["run_in_sandbox"] / p50["raw bwrap"]
         ratio_plain = p50["run_in_sandbox"] / p50["subprocess.run"]
+        ratio_floor = p50["bwrap+empty py"] / p50["raw bwrap"]
         busy = SandboxSpec(
             argv=["/usr/bin/python3", "-c", "print(sum(range(10**6)))"],
             workspace=ws,
@@ -150,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         "figures": figures,
         "ratio_p50_vs_raw_bwrap": round(ratio_bwrap, 2),
         "ratio_p50_vs_subprocess": round(ratio_plain, 2),
+        "ratio_p50_empty_python_in_bwrap_vs_raw_bwrap": round(ratio_floor, 2),
+        "load_average": os.getloadavg(),
         "target_ratio_vs_raw_bwrap": 1.5,
         "concurrent": {
             "n": args.concurrent,
@@ -169,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<16} {f['p50_ms']:>8.2f} {f['p99_ms']:>8.2f}")
         print(f"run_in_sandbox / raw bwrap p50: {ratio_bwrap:.2f}x (target <= 1.5x)")
         print(f"run_in_sandbox / subprocess p50: {ratio_plain:.2f}x")
+        print(
+            f"floor of a Python init (empty python3 -S in bwrap) / raw bwrap p50: "
+            f"{ratio_floor:.2f}x"
+        )
+        print("load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
         c = report["concurrent"]
         print(
             f"{c['n']} concurrent sandboxes: {c['ok']}/{c['n']} ok "
