@@ -147,3 +147,17 @@ def open_page(chromium: Any, daphne: DaphneServer) -> Iterator[Any]:
     yield login
     for context in contexts:
         context.close()
+
+
+@pytest.fixture(autouse=True)
+def runs_settle_before_flush(transactional_db: Any) -> Iterator[None]:
+    """Let the worker finish what a test set going (a decided run resumes) before
+    the database is flushed under it."""
+    yield
+    from runs.models import Run
+
+    moving = (Run.Status.QUEUED, Run.Status.RUNNING)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Run.objects.filter(status__in=moving).exists():
+        time.sleep(0.2)
+    time.sleep(0.5)  # the last step's commit and its span writes

@@ -30,6 +30,10 @@ export function askDenyReason(tool) {
       finish(text);
     };
     const onCancel = (event) => { event.preventDefault(); finish(null); };
+    // Enter sends the reason (Shift+Enter for a new line): decide from the keyboard.
+    reason.onkeydown = (event) => {
+      if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); form.requestSubmit(); }
+    };
     form.addEventListener("submit", onSubmit);
     cancel.addEventListener("click", onCancel);
     dialog.addEventListener("cancel", onCancel);
