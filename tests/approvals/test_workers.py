@@ -129,23 +129,34 @@ def test_a_policy_rule_that_raises_blocks_the_call(
     assert not ApprovalRequest.objects.exists()
 
 
+def queued_messages() -> int:
+    with celery_app.connection_for_write() as connection:
+        client = connection.default_channel.client
+        return int(client.llen(celery_app.conf.task_default_queue))
+
+
 def test_200_waiting_runs_resume_after_workers_restart_and_nothing_runs_twice(
     shop_agent, tenant, operator_user, tmp_path
 ):
-    from tests.runs.conftest import drive
-
     agent = shop_agent(script_of(call("create_replacement", REPLACE_ARGS)))
-    runs = []
-    for index in range(200):
-        run = run_start(
-            tenant=tenant, agent_slug=agent.slug, input=f"#{index}", started_by=None
+    worker = start_worker(tmp_path, concurrency=2)
+    try:
+        for index in range(200):
+            run_start(
+                tenant=tenant, agent_slug=agent.slug, input=f"#{index}", started_by=None
+            )
+        wait_until(
+            lambda: Run.objects.filter(status="waiting_approval").count() == 200,
+            timeout=120,
         )
-        runs.append(drive(run))
-    assert {r.status for r in runs} == {Run.Status.WAITING_APPROVAL}
-    # The queue holds only stale deliveries now; a waiting run has no task at all.
-    celery_app.control.purge()
+    finally:
+        worker.stop()
+    # Workers stopped: a waiting run has no task anywhere, not even queued.
+    assert queued_messages() == 0
+    assert Replacement.objects.count() == 0
     for approval in ApprovalRequest.objects.filter(status="pending"):
         approval_decide(request=approval, decided_by=operator_user, approve=True)
+    assert queued_messages() == 200  # one resume each, enqueued on commit
     worker = start_worker(tmp_path, concurrency=2)
     try:
         wait_until(
