@@ -4,6 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane import api, health, views
+from tracing import api as tracing_api
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -25,8 +26,8 @@ urlpatterns = [
         api.TokenRevokeApi.as_view(),
         name="api-token-revoke",
     ),
+    path("v1/traces", tracing_api.otlp_traces, name="otlp-traces"),
+    path("api/v1/", include("tracing.urls")),
     path("api/v1/", include("runs.urls")),
     path("api/v1/", include("approvals.urls")),
-    path("api/v1/", include("controlplane.budget_urls")),
-    path("", include("frontend.urls")),
 ]

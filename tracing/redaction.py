@@ -25,7 +25,10 @@ _CREDENTIAL_PATTERNS = [
 ]
 _CREDENTIALS = re.compile("|".join(f"(?:{p})" for p in _CREDENTIAL_PATTERNS))
 # user:password@ in a URL: keep the user and the host, drop the password.
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.\-]*://[^/\s:@]+:)[^@\s/]+@")
+# Bounded repeats: a megabyte of text must not make the scan quadratic.
+_URL_PASSWORD = re.compile(
+    r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.\-]{0,30}://[^/\s:@]{1,256}:)[^@\s/]{1,256}@"
+)
 
 
 def _redacted_keys() -> frozenset[str]:

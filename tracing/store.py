@@ -25,6 +25,7 @@ from tracing.services import run_event_append
 __all__ = [
     "PAYLOAD_KEYS",
     "SpanRecord",
+    "payload_encode",
     "payload_store",
     "span_abandon",
     "span_event_payload",
@@ -71,8 +72,12 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def payload_store(*, tenant_id: Any, value: Any) -> str:
-    """Store a (redacted) payload once per tenant; return its sha256."""
+def payload_encode(value: Any) -> tuple[str, str, int]:
+    """Redact and serialise a payload: (sha256, JSON text, size in bytes).
+
+    Kept whole up to TRACING_PAYLOAD_MAX_BYTES (at least 1 MB); a larger one is
+    stored as its head with a note of its full size.
+    """
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
             value = json.loads(value)
@@ -81,19 +86,17 @@ def payload_store(*, tenant_id: Any, value: Any) -> str:
     limit = settings.TRACING_PAYLOAD_MAX_BYTES
     encoded = text.encode()
     if len(encoded) > limit:
-        text = json.dumps(
-            {
-                "truncated": True,
-                "size_bytes": len(encoded),
-                "head": encoded[:limit].decode("utf-8", "ignore"),
-            }
-        )
+        head = encoded[:limit].decode("utf-8", "ignore")
+        text = json.dumps({"truncated": True, "size_bytes": len(encoded), "head": head})
         encoded = text.encode()
-    digest = hashlib.sha256(encoded).hexdigest()
+    return hashlib.sha256(encoded).hexdigest(), text, len(encoded)
+
+
+def payload_store(*, tenant_id: Any, value: Any) -> str:
+    """Store a (redacted) payload once per tenant; return its sha256."""
+    digest, text, size = payload_encode(value)
     SpanPayload.objects.get_or_create(
-        tenant_id=tenant_id,
-        sha256=digest,
-        defaults={"size": len(encoded), "content": text},
+        tenant_id=tenant_id, sha256=digest, defaults={"size": size, "content": text}
     )
     return digest
 

@@ -1,0 +1,212 @@
+"""Tracing APIs: a run's event log and span tree (paged), one span with its
+payloads, and the OTLP/HTTP trace ingest endpoint."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane import selectors as controlplane_selectors
+from controlplane.models import Role
+from controlplane.tenancy import IsTenantMember, tenant_context_for, tenant_of
+from runs.models import Run
+from tracing import selectors
+from tracing.ingest import (
+    IngestError,
+    LimitExceeded,
+    decode_body,
+    ingest_spans,
+    parse_request,
+)
+from tracing.services import event_message
+from tracing.store import span_event_payload
+
+MAX_PAGE = 1000
+
+
+def _bounded_int(request: Request, name: str, default: int, *, maximum: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError({name: [f"{name} must be an integer"]}) from None
+    if value < 0 or value > maximum:
+        raise ValidationError({name: [f"{name} must be between 0 and {maximum}"]})
+    return value
+
+
+def _run_of(request: Request, run_id: str) -> Run:
+    try:
+        parsed = uuid.UUID(run_id)
+    except ValueError:
+        raise NotFound("No such run.") from None
+    run = selectors.run_for_tenant(tenant=tenant_of(request).tenant, run_id=parsed)
+    if run is None:
+        raise NotFound("No such run.")
+    return run
+
+
+class RunEventListApi(APIView):
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after_seq", int, description="events after this seq"),
+            OpenApiParameter("limit", int, description=f"at most {MAX_PAGE}"),
+        ],
+        responses={200: dict},
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        """The run's events after `after_seq`, in seq order."""
+        run = _run_of(request, run_id)
+        after = _bounded_int(request, "after_seq", 0, maximum=2**62)
+        if "after_seq" not in request.query_params and "after" in request.query_params:
+            after = _bounded_int(request, "after", 0, maximum=2**62)
+        limit = _bounded_int(request, "limit", 200, maximum=MAX_PAGE) or 1
+        events = [
+            event_message(event)
+            for event in selectors.run_events_after(run=run, after_seq=after)[:limit]
+        ]
+        return Response(
+            {
+                "events": events,
+                "next_after_seq": events[-1]["seq"] if len(events) == limit else None,
+            }
+        )
+
+
+class RunSpanListApi(APIView):
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("parent", str, description="span_id; empty: the roots"),
+            OpenApiParameter("limit", int),
+            OpenApiParameter("offset", int),
+        ],
+        responses={200: dict},
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        """Children of one span (or the roots), paged, oldest first."""
+        run = _run_of(request, run_id)
+        parent = request.query_params.get("parent", "")
+        if parent and (len(parent) != 16 or not _is_hex(parent)):
+            raise ValidationError({"parent": ["a span_id is 16 hex digits"]})
+        limit = _bounded_int(request, "limit", 100, maximum=MAX_PAGE) or 1
+        offset = _bounded_int(request, "offset", 0, maximum=2**31)
+        query = selectors.span_children(run=run, parent_span_id=parent)
+        count = query.count()
+        spans = [span_event_payload(span) for span in query[offset : offset + limit]]
+        return Response(
+            {
+                "count": count,
+                "results": spans,
+                "next_offset": offset + limit if offset + limit < count else None,
+            }
+        )
+
+
+class SpanDetailApi(APIView):
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, span_pk: int) -> Response:
+        """One span with its payloads (model input/output, tool args/result)."""
+        tenant = tenant_of(request).tenant
+        span = selectors.span_for_tenant(tenant=tenant, span_pk=span_pk)
+        if span is None:
+            raise NotFound("No such span.")
+        payloads = selectors.span_payloads(tenant=tenant, span=span)
+        body = span_event_payload(span)
+        body["run_id"] = str(span.run_id)
+        body["payload_bodies"] = {
+            name: json.loads(text) for name, text in payloads.items()
+        }
+        return Response(body)
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
+
+
+def _error(status: int, code: str, message: str, **headers: str) -> JsonResponse:
+    response = JsonResponse(
+        {"error": {"code": code, "message": message}}, status=status
+    )
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+@csrf_exempt
+@require_POST
+def otlp_traces(request: HttpRequest) -> HttpResponse:
+    """OTLP/HTTP `POST /v1/traces`: protobuf or JSON, gzip allowed, tenant token."""
+    parts = request.headers.get("Authorization", "").split()
+    token = None
+    if len(parts) == 2 and parts[0].lower() == "bearer":
+        token = controlplane_selectors.api_token_by_secret(secret=parts[1])
+    if token is None or not token.user.is_active:
+        return _error(
+            401,
+            "unauthenticated",
+            "send a tenant API token as 'Authorization: Bearer <token>'",
+            **{"WWW-Authenticate": 'Bearer realm="otlp"'},
+        )
+    context = tenant_context_for(user=token.user, token=token)
+    if context is None or not context.has_role(Role.ADMIN, Role.OPERATOR):
+        return _error(403, "forbidden", "the token's user may not write traces")
+    limit = settings.OTLP_INGEST_MAX_BYTES
+    declared = request.headers.get("Content-Length") or "0"
+    if declared.isdigit() and int(declared) > limit:
+        return _error(
+            413, "too_large", f"the body exceeds OTLP_INGEST_MAX_BYTES={limit} bytes"
+        )
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        return _error(
+            413, "too_large", f"the body exceeds OTLP_INGEST_MAX_BYTES={limit} bytes"
+        )
+    content_type = request.headers.get("Content-Type", "")
+    kind = content_type.split(";")[0].strip().lower()
+    if kind not in ("application/x-protobuf", "application/json"):
+        return _error(
+            415,
+            "unsupported_media_type",
+            "Content-Type must be application/x-protobuf or application/json",
+        )
+    try:
+        data = decode_body(body, encoding=request.headers.get("Content-Encoding", ""))
+        spans = parse_request(data, content_type=content_type)
+    except LimitExceeded as exc:
+        return _error(413, "too_large", str(exc))
+    except IngestError as exc:
+        return _error(400, "invalid", str(exc))
+    ingest_spans(tenant=context.tenant, spans=spans)
+    # OTLP/HTTP: an ExportTraceServiceResponse; the empty one means all accepted.
+    if kind == "application/json":
+        return JsonResponse({})
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceResponse,
+    )
+
+    return HttpResponse(
+        ExportTraceServiceResponse().SerializeToString(),
+        content_type="application/x-protobuf",
+    )
