@@ -43,6 +43,7 @@ from runs.sandbox import (  # noqa: E402
 from runs.sandbox.cgroup import CgroupLayout  # noqa: E402
 from runs.sandbox.launch import bwrap_argv, setpriv_argv  # noqa: E402
 from runs.sandbox.ownership import owner_tag  # noqa: E402
+from runs.sandbox.tmpfs import mount_tmpfs, unmount_tmpfs  # noqa: E402
 
 SETTINGS = SandboxSettings(
     workspace_root=Path("/var/lib/agent-sandbox-bench/workspaces"),
@@ -101,10 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     caps = probe_host(SETTINGS)
     assert caps.bwrap is not None and caps.setpriv is not None
     ws = workspace_create(settings=SETTINGS, label="bench")
+    raw_tmp = SETTINGS.state_dir / f"bench-tmp-{os.getpid()}"
     try:
         uid, gid = SETTINGS.sandbox_uid, SETTINGS.sandbox_gid
+        # The same noexec 64 MiB tmpfs bound at /tmp as the runner mounts per run.
+        mount_tmpfs(raw_tmp, 64 << 20)
         raw = setpriv_argv(caps.setpriv, uid, gid) + bwrap_argv(
-            caps.bwrap, uid=uid, gid=gid, workspace=ws, tmpfs_bytes=64 << 20
+            caps.bwrap, uid=uid, gid=gid, workspace=ws, tmp_source=raw_tmp
         )
         # The floor of any Python init: bubblewrap starting an empty interpreter.
         floor = [*raw, SETTINGS.python, "-S", "-E", "-I", "-B", "-c", "pass"]
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = sum(1 for r in results if r.ok and r.stdout.strip() == "499999500000")
         leaked = leaks(SETTINGS)
     finally:
+        unmount_tmpfs(raw_tmp)
         workspace_release(ws, settings=SETTINGS)
     report = {
         "runs": args.runs,

@@ -132,7 +132,7 @@ def _probe_bwrap(
         uid=settings.sandbox_uid if is_root else os.getuid(),
         gid=settings.sandbox_gid if is_root else os.getgid(),
         workspace=probe_dir,
-        tmpfs_bytes=1 << 20,
+        tmp_source=probe_dir,
     ) + ["true"]
     if is_root:
         if setpriv is None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from .cgroup import CgroupLayout, remove_cgroup_dir
 from .ownership import owner_alive, owner_of
 from .spec import SandboxSettings
+from .tmpfs import unmount_tmpfs
 
 
 @dataclass
@@ -50,6 +51,9 @@ def sandbox_janitor_sweep(settings: SandboxSettings | None = None) -> JanitorRep
     if runs.is_dir():
         for child in runs.iterdir():
             if _orphaned(child.name):
+                # Unmount the run's /tmp first: rmtree would empty it and then
+                # fail on the busy mount point.
+                unmount_tmpfs(child / "tmp")
                 shutil.rmtree(child, ignore_errors=True)
                 report.removed_run_dirs.append(str(child))
     records = settings.state_dir / "workspaces"

@@ -52,7 +52,7 @@ def bwrap_argv(
     uid: int,
     gid: int,
     workspace: Path,
-    tmpfs_bytes: int,
+    tmp_source: Path,
     extra_ro_binds: Sequence[tuple[str, str]] = (),
     extra_binds: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
@@ -68,7 +68,7 @@ def bwrap_argv(
         *system_mounts(),
         "--proc", "/proc",
         "--dev", "/dev",
-        "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp",
+        "--bind", str(tmp_source), "/tmp",  # the runner's noexec, sized tmpfs
         "--bind", str(workspace), WORKSPACE_INSIDE,
     ]  # fmt: skip
     for src, dest in extra_ro_binds:

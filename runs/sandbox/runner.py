@@ -27,7 +27,8 @@ from .paths import PathRefused, check_path
 from .proxy import EgressProxy
 from .result import SandboxResult
 from .spec import SandboxSettings, SandboxSpec, validate_spec
-from .verdict import Observation, judge
+from .tmpfs import mount_tmpfs, tmpfs_usage, unmount_tmpfs
+from .verdict import DISK_FULL_BYTES, Observation, judge
 
 _TICK_SECONDS = 0.01  # how often output size and pids events are polled
 _REAP_TIMEOUT = 5.0
@@ -91,6 +92,7 @@ class _Run:
         self.run_dir = settings.state_dir / "runs" / self.name
         self.cgroup: RunCgroup | None = None
         self.proxy: EgressProxy | None = None
+        self.tmp_dir: Path | None = None
 
     def execute(self) -> SandboxResult:
         init_path = install_init(self.settings)
@@ -98,6 +100,9 @@ class _Run:
         files: _Files | None = None
         try:
             _give_workspace_to_sandbox(self.workspace, self.settings)
+            if self.caps.bwrap_works:
+                self.tmp_dir = self.run_dir / "tmp"
+                mount_tmpfs(self.tmp_dir, self.spec.limits.tmpfs_mb * 1024 * 1024)
             self._create_cgroup()
             extra_binds: list[tuple[str, str]] = []
             if not self.spec.network.is_none:
@@ -121,6 +126,8 @@ class _Run:
                 self.proxy.stop()
             if self.cgroup is not None:
                 self.cgroup.remove()
+            if self.tmp_dir is not None:
+                unmount_tmpfs(self.tmp_dir)
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _create_cgroup(self) -> None:
@@ -198,7 +205,7 @@ class _Run:
             uid=uid,
             gid=gid,
             workspace=self.workspace,
-            tmpfs_bytes=limits.tmpfs_mb * 1024 * 1024,
+            tmp_source=self.tmp_dir or Path("/nonexistent"),
             extra_ro_binds=[(str(init_path), launch.init_path_inside(init_path))],
             extra_binds=extra,
         )
@@ -261,6 +268,7 @@ class _Run:
             os.close(status_r)
             raise
         init_status = _read_status(status_r)
+        # Event counters before anything else is read or removed (CG-R1).
         counters = self.cgroup.counters() if self.cgroup is not None else {}
         if init_status is not None and "utime_ms" in init_status:
             counters["workload_cpu_ms"] = int(init_status["utime_ms"]) + int(
@@ -360,6 +368,15 @@ class _Run:
         cpu = _cpu_rlimit(limits.cpu_seconds)
         cpu_hard = cpu[1] if cpu is not None else None
         extra: list[str] = []
+        full: list[str] = []
+        if self.tmp_dir is not None:
+            tmp = tmpfs_usage(self.tmp_dir)
+            if tmp.avail_bytes < DISK_FULL_BYTES:
+                biggest = ", ".join(f"{p} {n} bytes" for p, n in tmp.largest)
+                full.append(f"/tmp ({tmp.size_bytes} bytes; largest: {biggest})")
+        ws = os.statvfs(self.workspace)
+        if ws.f_bavail * ws.f_frsize < DISK_FULL_BYTES:
+            full.append(f"/workspace ({ws.f_blocks * ws.f_frsize} bytes)")
         if proc.returncode == launch.LAUNCHER_EXIT_CGROUP and init_status is None:
             extra.append("launcher could not join the run cgroup")
         verdict = judge(
@@ -372,6 +389,7 @@ class _Run:
                 output_cap=cap,
                 out_bytes=out_bytes,
                 err_bytes=err_bytes,
+                full_filesystems=full,
                 launcher_stderr_tail=stderr[-300:] if init_status is None else "",
                 extra_detail=extra,
             )
@@ -421,6 +439,7 @@ def _enforcement(
         "utsns": ns,
         "readonly_root": ns,
         "tmpfs_size": ns,
+        "tmp_noexec": ns,
         "init": "python",
         "workload_not_pid1": ns,
         "uid_drop": planned["uid_drop"],

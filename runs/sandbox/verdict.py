@@ -27,6 +27,7 @@ class Observation:
     output_cap: int
     out_bytes: int
     err_bytes: int
+    full_filesystems: list[str] = field(default_factory=list)  # with evidence
     launcher_stderr_tail: str = ""
     extra_detail: list[str] = field(default_factory=list)
 
@@ -50,11 +51,7 @@ def judge(obs: Observation) -> Verdict:
     output_limited = obs.out_bytes + obs.err_bytes > 2 * obs.output_cap
     timed_out = obs.killed_for == "wall_clock"
     cpu_ms = int(init.get("utime_ms", 0)) + int(init.get("stime_ms", 0))
-    full = [
-        name
-        for name, key in (("/tmp", "tmp_avail"), ("/workspace", "ws_avail"))
-        if key in init and int(init[key]) < DISK_FULL_BYTES
-    ]
+    full = obs.full_filesystems
     sig = status.signal
     error: str | None = None
     cause: TerminationCause
@@ -93,7 +90,7 @@ def judge(obs: Observation) -> Verdict:
         details.append("RLIMIT_FSIZE exceeded (SIGXFSZ); file left partial")
     elif full:
         cause = "disk_full"
-        details.append(f"no space left on {', '.join(full)}; files may be partial")
+        details.append(f"no space left on {'; '.join(full)}; files may be partial")
     elif "setup_error" in init:
         cause = "exit"
         error = "ESANDBOX"

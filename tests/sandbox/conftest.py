@@ -94,6 +94,14 @@ def _no_sandbox_left_behind(settings: SandboxSettings) -> Iterator[None]:
     assert sandbox_processes() == []
     runs = settings.state_dir / "runs"
     assert not runs.exists() or list(runs.iterdir()) == []
+    assert sandbox_mounts(settings) == []
+
+
+def sandbox_mounts(settings: SandboxSettings) -> list[str]:
+    """Mount points (the runs' /tmp tmpfs) under the state directory."""
+    mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()
+    points = [line.split()[4] for line in mountinfo]
+    return [p for p in points if p.startswith(str(settings.state_dir))]
 
 
 def run_python(

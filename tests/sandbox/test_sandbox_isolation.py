@@ -136,3 +136,11 @@ def test_orphans_are_reaped_by_the_init(
     r = run_python(settings, workspace, ORPHANS)
     assert r.ok, r.stderr
     assert "Z" not in r.stdout  # no zombie: the init reaped the re-parented orphan
+
+
+def test_tmp_is_noexec(settings: SandboxSettings, workspace: Path) -> None:
+    script = "cp /usr/bin/true /tmp/t && /tmp/t; echo rc=$?"
+    r = run_in_sandbox(
+        SandboxSpec(argv=["sh", "-c", script], workspace=workspace), settings
+    )
+    assert r.stdout == "rc=126\n" and "Permission denied" in r.stderr

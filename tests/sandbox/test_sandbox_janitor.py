@@ -19,7 +19,7 @@ from runs.sandbox import (
 )
 from runs.sandbox.cgroup import CgroupLayout
 
-from .conftest import sandbox_processes
+from .conftest import sandbox_mounts, sandbox_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,11 +70,13 @@ def test_sweep_removes_sandboxes_of_a_killed_owner(settings: SandboxSettings) ->
     os.kill(owner.pid, signal.SIGKILL)  # what a Celery hard time limit does
     owner.wait()
     assert _group_dirs(settings, prefix)  # left behind by the dead owner
+    assert sandbox_mounts(settings)  # and its /tmp tmpfs
     report = sandbox_janitor_sweep(settings)
     assert report.failed_cgroups == []
     assert _group_dirs(settings, prefix) == []
     assert str(ws) in report.removed_workspaces and not ws.exists()
     assert any(prefix in d for d in report.removed_run_dirs)
+    assert sandbox_mounts(settings) == []
     deadline = time.monotonic() + 2
     while sandbox_processes() and time.monotonic() < deadline:
         time.sleep(0.02)

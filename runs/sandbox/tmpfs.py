@@ -1,0 +1,71 @@
+"""The run's /tmp: a size-limited tmpfs the runner mounts and bubblewrap binds in.
+
+bubblewrap 0.8's own `--tmpfs` cannot be `noexec` (FS-3), and it vanishes with the
+sandbox, so the runner could not tell afterwards whether it filled up. A tmpfs
+mounted by the runner fixes both: `noexec,nosuid,nodev` carry over to the bind mount
+and are locked inside the sandbox's user namespace, and after the run the runner can
+read its usage and list the largest files as evidence (DK-2) before unmounting it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
+_MNT_DETACH = 0x2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class TmpfsUsage:
+    size_bytes: int
+    avail_bytes: int
+    largest: list[tuple[str, int]]  # (path inside /tmp, bytes), biggest first
+
+
+def mount_tmpfs(target: Path, size_bytes: int) -> None:
+    """Mount a `noexec,nosuid,nodev` tmpfs of `size_bytes` at `target` (mode 1777)."""
+    target.mkdir(mode=0o700)
+    options = f"size={size_bytes},mode=1777".encode()
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    rc = _libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", flags, options)
+    if rc != 0:
+        err = ctypes.get_errno()
+        target.rmdir()
+        raise OSError(err, f"mount tmpfs: {os.strerror(err)}", str(target))
+
+
+def unmount_tmpfs(target: Path) -> None:
+    """Detach and remove the mount point; quiet if it is already gone."""
+    if _libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (22, 2):  # EINVAL: not a mount point; ENOENT: gone
+            raise OSError(err, f"umount: {os.strerror(err)}", str(target))
+    with contextlib.suppress(FileNotFoundError):
+        target.rmdir()
+
+
+def tmpfs_usage(target: Path, top: int = 5) -> TmpfsUsage:
+    """Size, room left and the largest files (never following symlinks)."""
+    st = os.statvfs(target)
+    files: list[tuple[str, int]] = []
+    for dirpath, _dirnames, filenames in os.walk(target):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                size = os.lstat(path).st_size
+            except OSError:
+                continue
+            files.append(("/tmp/" + os.path.relpath(path, target), size))
+    files.sort(key=lambda item: item[1], reverse=True)
+    return TmpfsUsage(
+        size_bytes=st.f_blocks * st.f_frsize,
+        avail_bytes=st.f_bavail * st.f_frsize,
+        largest=files[:top],
+    )
