@@ -1,0 +1,190 @@
+"""Budget benchmark (issue 8): reserve+settle under 8 concurrent writers.
+
+On PostgreSQL (BENCH_POSTGRES_URL; the database is created afresh), in one child
+process, side by side for the same duration and the same 8 writer processes (each
+with its own connection, all on one tenant, so they contend for the same rows):
+
+  * a plain single-row update (`UPDATE ... SET n = n + 1 WHERE id = ?`, autocommit),
+    the floor for "one hot row";
+  * reserve + settle in calendar mode (ledger insert + conditional UPDATE of the day
+    and month counters in one transaction, then the settlement);
+  * the same in rolling mode (budget row lock, window sums, bucket update).
+
+Targets: p99 of reserve+settle ≤ 10 ms and reservations/s ≥ 50% of plain updates/s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from typing import Any
+
+from bench.django_env import BASE_DIR, percentile
+
+WRITERS = 8
+SECONDS = 5.0
+DEFAULT_POSTGRES = "postgres://postgres@127.0.0.1:5432/bench_budget"
+
+
+def hammer(operation: Any) -> dict[str, float]:
+    """Run `operation` in WRITERS processes for SECONDS; ops/s and latency in ms.
+
+    Processes, not threads: real workers are processes, and threads would measure
+    the GIL (a row lock held while its holder waits for the interpreter)."""
+    import multiprocessing
+
+    from django.db import connections
+
+    connections.close_all()  # each forked writer opens its own connection
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(WRITERS + 1)
+    results = context.Queue()
+
+    def writer() -> None:
+        operation()  # warm the connection outside the measurement
+        barrier.wait()
+        deadline = time.perf_counter() + SECONDS
+        mine: list[float] = []
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            operation()
+            mine.append(time.perf_counter() - started)
+        connections.close_all()
+        results.put(mine)
+
+    processes = [context.Process(target=writer) for _ in range(WRITERS)]
+    for process in processes:
+        process.start()
+    barrier.wait()
+    started = time.perf_counter()
+    latencies = [results.get(timeout=SECONDS + 60) for _ in processes]
+    elapsed = time.perf_counter() - started
+    for process in processes:
+        process.join()
+    ms = [value * 1000 for per in latencies for value in per]
+    return {
+        "ops_per_s": len(ms) / elapsed,
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
+        "ops": len(ms),
+    }
+
+
+def measure(database_url: str) -> dict[str, Any]:
+    from bench.django_env import django_setup
+
+    django_setup(database_url)
+    import uuid
+
+    from django.db.models import F
+
+    from controlplane.budget_ledger import Amounts, budget_reserve, budget_settle
+    from controlplane.budget_models import Budget, BudgetCounter, BudgetLedgerEntry
+    from controlplane.models import Tenant
+
+    tenant = Tenant.objects.create(slug=f"bench-{uuid.uuid4().hex[:6]}", name="b")
+    plain_tenant = Tenant.objects.create(slug=f"plain-{uuid.uuid4().hex[:6]}", name="p")
+    hot = BudgetCounter.objects.create(
+        tenant=plain_tenant, period="day", bucket_start="2026-01-01T00:00Z"
+    )
+    limits = {
+        period: {"input_tokens": 10**15, "output_tokens": 10**15, "cost": "1e12"}
+        for period in ("day", "month")
+    }
+    budget = Budget.objects.create(tenant=tenant, period_limits=limits)
+    amounts = Amounts(input_tokens=1200, output_tokens=1024, cost=Decimal("0.0132"))
+    actual = Amounts(input_tokens=1100, output_tokens=300, cost=Decimal("0.0058"))
+    run_id = uuid.uuid4()
+
+    def plain_update() -> None:
+        BudgetCounter.objects.filter(id=hot.id).update(used_runs=F("used_runs") + 1)
+
+    def reserve_and_settle() -> None:
+        entry = budget_reserve(
+            budget=budget, run_id=run_id, kind="model_call", amounts=amounts
+        )
+        assert isinstance(entry, BudgetLedgerEntry), entry
+        budget_settle(entry, actual)
+
+    figures: dict[str, Any] = {"plain": hammer(plain_update)}
+    figures["calendar"] = hammer(reserve_and_settle)
+    budget.period_mode = Budget.PeriodMode.ROLLING
+    budget.save()
+    figures["rolling"] = hammer(reserve_and_settle)
+    # Nothing lost or double counted: every settled reservation is in the counters.
+    settled = BudgetLedgerEntry.objects.filter(tenant=tenant, status="settled").count()
+    day = BudgetCounter.objects.filter(tenant=tenant, period="day")
+    used = sum(c.used_input_tokens for c in day)
+    reserved = sum(c.reserved_input_tokens for c in day)
+    figures["consistent"] = used == settled * actual.input_tokens and reserved == 0
+    return figures
+
+
+def postgres_url() -> str | None:
+    url = os.environ.get("BENCH_POSTGRES_URL", DEFAULT_POSTGRES)
+    try:
+        import psycopg
+
+        admin = url.rsplit("/", 1)[0] + "/postgres"
+        name = url.rsplit("/", 1)[1]
+        with psycopg.connect(admin, autocommit=True, connect_timeout=2) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except Exception as exc:  # noqa: BLE001 - report and stop
+        print(f"  (PostgreSQL unreachable, nothing measured: {exc})")
+        return None
+    return url
+
+
+def child(database_url: str) -> dict[str, Any]:
+    environ = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    argv = [sys.executable, "-m", "bench.bench_budget", "--child", database_url]
+    done = subprocess.run(argv, cwd=BASE_DIR, env=environ, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmark child failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    url = postgres_url()
+    if url is None:
+        return
+    figures = child(url)
+    print(
+        f"PostgreSQL, {WRITERS} concurrent writers on one tenant, {SECONDS:.0f} s each"
+    )
+    print(f"  {'':<40} {'ops/s':>9} {'p50 ms':>9} {'p99 ms':>9}")
+    names = {
+        "plain": "plain single-row update (baseline)",
+        "calendar": "reserve + settle, calendar periods",
+        "rolling": "reserve + settle, rolling windows",
+    }
+    for key, name in names.items():
+        f = figures[key]
+        print(
+            f"  {name:<40} {f['ops_per_s']:>9.0f} {f['p50_ms']:>9.2f}"
+            f" {f['p99_ms']:>9.2f}"
+        )
+    plain = figures["plain"]["ops_per_s"]
+    for key in ("calendar", "rolling"):
+        f = figures[key]
+        ratio = f["ops_per_s"] / plain
+        p99 = "ok" if f["p99_ms"] <= 10 else "MISSED"
+        share = "ok" if ratio >= 0.5 else "MISSED"
+        print(
+            f"  {key}: p99 ≤ 10 ms: {p99}; {ratio:.0%} of the plain update "
+            f"(target ≥ 50%): {share}"
+        )
+    print(f"  counters match the settled ledger: {figures['consistent']}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "--child":
+        print(json.dumps(measure(sys.argv[2])))
+    else:
+        main()
