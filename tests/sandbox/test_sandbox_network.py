@@ -221,3 +221,36 @@ def test_names_off_the_allowlist_are_never_resolved() -> None:
     assert proxy.decide("exfil-secret.attacker.test", 443)[0] is None
     assert looked_up == []
     assert proxy.decide("ok.test", 443) == ("93.184.215.14", "")
+
+
+CONNECT = """
+import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"CONNECT svc.test:%d HTTP/1.1\\r\\nHost: svc.test\\r\\n\\r\\n" % PORT)
+print(s.recv(4096).split(b"\\r\\n")[0].decode())
+s.sendall(b"GET / HTTP/1.1\\r\\nHost: svc.test\\r\\nConnection: close\\r\\n\\r\\n")
+data = b""
+while chunk := s.recv(4096):
+    data += chunk
+print(data.split(b"\\r\\n")[0].decode(), data.endswith(b"allowlisted service"))
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"CONNECT 169.254.169.254:443 HTTP/1.1\\r\\n\\r\\n")
+print(s.recv(4096).split(b"\\r\\n")[0].decode())
+"""
+
+
+def test_connect_tunnel_is_allowlisted_too(
+    settings: SandboxSettings, workspace: Path, http_server: int
+) -> None:
+    network = NetworkPolicy.parse(f"svc.test:{http_server},169.254.169.254:443")
+    test_settings = replace(
+        settings, allow_loopback_targets=True, resolver=fixed_resolver
+    )
+    code = f"PORT = {http_server}\n" + CONNECT
+    spec = SandboxSpec(argv=[PYTHON, "-c", code], workspace=workspace, network=network)
+    r = run_in_sandbox(spec, test_settings)
+    assert r.stdout.splitlines() == [
+        "HTTP/1.1 200 Connection established",
+        "HTTP/1.0 200 OK True",
+        "HTTP/1.1 403 Forbidden",
+    ], r.stderr
