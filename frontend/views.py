@@ -94,7 +94,5 @@ def audit_page(request: HttpRequest) -> HttpResponse:
     """The tenant's audit log (admins only)."""
     context = _context(request)
     if context is not None and context.role != Role.ADMIN:
-        return _page(
-            request, "frontend/forbidden.html", context, "audit", status=403
-        )
+        return _page(request, "frontend/forbidden.html", context, "audit", status=403)
     return _page(request, "frontend/audit.html", context, "audit")

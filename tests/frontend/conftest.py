@@ -51,8 +51,8 @@ class DaphneServer:
         environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                 "controlplane.asgi:application"],
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1",
+                 "-p", str(self.port), "controlplane.asgi:application"],
                 cwd=BASE_DIR, env=environ, stdout=sink, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
@@ -121,7 +121,9 @@ def open_page(chromium: Any, daphne: DaphneServer) -> Iterator[Any]:
     """Open a new browser context logged in as `user` (password "pw-<username>")."""
     contexts: list[Any] = []
 
-    def login(user: Any, path: str = "/runs/", server: DaphneServer | None = None) -> Any:
+    def login(
+        user: Any, path: str = "/runs/", server: DaphneServer | None = None
+    ) -> Any:
         base = (server or daphne).url
         context = chromium.new_context(
             base_url=base, viewport={"width": 1440, "height": 900}
@@ -130,12 +132,16 @@ def open_page(chromium: Any, daphne: DaphneServer) -> Iterator[Any]:
         page = context.new_page()
         page.set_default_timeout(20_000)
         # Script errors show up in the failure report.
-        page.on("pageerror", lambda error: print(f"[{user.username}] page error: {error}"))
+        page.on(
+            "pageerror", lambda error: print(f"[{user.username}] page error: {error}")
+        )
         page.on(
             "console",
-            lambda msg: print(f"[{user.username}] console {msg.type}: {msg.text}")
-            if msg.type in ("error", "warning")
-            else None,
+            lambda msg: (
+                print(f"[{user.username}] console {msg.type}: {msg.text}")
+                if msg.type in ("error", "warning")
+                else None
+            ),
         )
         page.goto(f"/login/?next={path}")
         page.get_by_label("Username").fill(user.username)
@@ -158,6 +164,8 @@ def runs_settle_before_flush(transactional_db: Any) -> Iterator[None]:
 
     moving = (Run.Status.QUEUED, Run.Status.RUNNING)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and Run.objects.filter(status__in=moving).exists():
+    while (
+        time.monotonic() < deadline and Run.objects.filter(status__in=moving).exists()
+    ):
         time.sleep(0.2)
     time.sleep(0.5)  # the last step's commit and its span writes

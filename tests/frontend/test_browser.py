@@ -42,7 +42,10 @@ def shop(tenant: Any, transactional_db: Any) -> Any:
 def waiting_run(tenant: Any, user: Any) -> Run:
     """Start the demo run and let the worker take it to the approval gate."""
     run = run_start(
-        tenant=tenant, agent_slug="kettlecraft-support", input=DEMO_INPUT, started_by=user
+        tenant=tenant,
+        agent_slug="kettlecraft-support",
+        input=DEMO_INPUT,
+        started_by=user,
     )
     wait_for(
         lambda: Run.objects.get(id=run.id).status == Run.Status.WAITING_APPROVAL,
@@ -97,14 +100,18 @@ def test_operator_starts_the_demo_run_watches_it_live_approves_and_it_succeeds(
 
     # A second page (an admin) open on the same run.
     other = open_page(admin_user, f"/runs/{run_id}/")
-    expect(other.get_by_role("button", name="Approve create_replacement")).to_be_visible()
+    expect(
+        other.get_by_role("button", name="Approve create_replacement")
+    ).to_be_visible()
     node.click()
     expect(page.locator("#detail")).to_contain_text("Waiting for approval")
     page.screenshot(path=str(SCREENSHOTS / "run-waiting-for-approval.png"))
 
     approve.click()
     # Every open page shows the decision at once, and the run goes on live.
-    expect(other.get_by_role("button", name="Approve create_replacement")).to_have_count(0)
+    expect(
+        other.get_by_role("button", name="Approve create_replacement")
+    ).to_have_count(0)
     expect(page.locator("#run-status")).to_contain_text("succeeded", timeout=30_000)
     expect(other.locator("#run-status")).to_contain_text("succeeded", timeout=30_000)
     run = Run.objects.get(id=run_id)
@@ -135,7 +142,9 @@ def test_deny_asks_for_a_reason_and_a_stale_page_shows_why_its_decision_failed(
     run = waiting_run(shop, operator_user)
     page = open_page(operator_user, f"/runs/{run.id}/")
     stale = open_page(admin_user, f"/runs/{run.id}/")
-    deny = page.get_by_role("tree").get_by_role("button", name="Deny create_replacement")
+    deny = page.get_by_role("tree").get_by_role(
+        "button", name="Deny create_replacement"
+    )
     stale_approve = stale.get_by_role("tree").get_by_role(
         "button", name="Approve create_replacement"
     )
@@ -236,7 +245,9 @@ def test_lost_socket_shows_reconnecting_and_after_reconnect_holds_every_span_onc
         expect(page.get_by_role("tree").locator(".trow.pending")).to_be_visible()
         before = len(tree_state(page)["ids"])
         server.stop()  # the connection is lost mid-run
-        expect(page.locator("#conn")).to_contain_text(re.compile("Reconnecting|Polling"))
+        expect(page.locator("#conn")).to_contain_text(
+            re.compile("Reconnecting|Polling")
+        )
         approval_decide(request=pending_of(run), decided_by=operator_user, approve=True)
         wait_for(
             lambda: Run.objects.get(id=run.id).status == Run.Status.SUCCEEDED,

@@ -39,7 +39,10 @@ def test_viewer_gets_no_start_form_no_cancel_and_no_decisions(
 ) -> None:
     demo_seed_shop(tenant=tenant)
     run = run_start(
-        tenant=tenant, agent_slug="kettlecraft-support", input="hi", started_by=operator_user
+        tenant=tenant,
+        agent_slug="kettlecraft-support",
+        input="hi",
+        started_by=operator_user,
     )
     client = _client(viewer_user)
     assert b'id="start-form"' not in client.get("/runs/").content
@@ -58,7 +61,10 @@ def test_another_tenants_run_page_is_a_404(
     demo_seed_shop(tenant=other_tenant)
     stranger = make_member(other_tenant, "sam-stranger", "operator")
     theirs = run_start(
-        tenant=other_tenant, agent_slug="kettlecraft-support", input="hi", started_by=stranger
+        tenant=other_tenant,
+        agent_slug="kettlecraft-support",
+        input="hi",
+        started_by=stranger,
     )
     client = _client(operator_user)
     assert client.get(f"/runs/{theirs.id}/").status_code == 404
