@@ -224,3 +224,35 @@ async def test_a_negative_after_seq_in_the_url_is_refused(
     ws = communicator(f"/ws/runs/{run.id}/?after_seq=-3", secret)
     await ws.connect()
     assert (await ws.receive_json_from())["code"] == 4400
+
+
+async def test_the_stream_of_a_real_run_carries_spans_with_secrets_redacted(
+    scripted_agent: Any, admin_user: Any, secret_for: Any, drive_run: Any
+) -> None:
+    leaked = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX"
+    agent = await sync_to_async(scripted_agent)(
+        [
+            {"tool_calls": [{"id": "c1", "name": "echo",
+                             "arguments": {"text": f"key {leaked}"}}]},
+            {"text": "done"},
+        ],
+        ["echo"],
+    )  # fmt: skip
+    run = await sync_to_async(run_start)(
+        tenant=agent.tenant, agent_slug=agent.slug, input="hi", started_by=None
+    )
+    secret = await sync_to_async(secret_for)(admin_user, run.tenant)
+    ws = communicator(f"/ws/runs/{run.id}/?after_seq=0", secret)
+    assert (await ws.connect())[0]
+    await sync_to_async(drive_run)(run)
+    total = await sync_to_async(RunEvent.objects.filter(run=run).count)()
+    got = await frames(ws, until_seq=total)
+    assert [f["seq"] for f in got] == list(range(1, total + 1))
+    assert leaked not in json.dumps(got)
+    tool = [f for f in got if f["payload"].get("name") == "execute_tool echo"]
+    assert [f["type"] for f in tool] == ["span.started", "span.ended"]
+    stored = await sync_to_async(
+        lambda: json.dumps(list(RunEvent.objects.filter(run=run).values("payload")))
+    )()
+    assert leaked not in stored
+    await ws.disconnect()

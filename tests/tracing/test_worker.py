@@ -1,0 +1,50 @@
+"""The trace crosses into real Celery worker processes (configure_tracing after
+fork, traceparent in the task)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from runs.services import run_start
+from tracing.models import Span
+from tracing.spans import root_span_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_spans_from_a_worker_process_form_the_runs_tree(
+    scripted_agent: Any, celery_worker_process: Any
+) -> None:
+    agent = scripted_agent(
+        [
+            {"tool_calls": [{"id": "c1", "name": "echo", "arguments": {"text": "a"}}]},
+            {"text": "done"},
+        ],
+        ["echo"],
+    )
+    run = run_start(
+        tenant=agent.tenant, agent_slug=agent.slug, input="hi", started_by=None
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.is_terminal:
+            break
+        time.sleep(0.1)
+    assert run.is_terminal, celery_worker_process.output()
+    rows = list(Span.objects.filter(run=run).order_by("started_at", "id"))
+    assert [r.name for r in rows] == [
+        "invoke_agent scripted", "step 0", "chat scripted", "execute_tool echo",
+        "step 1", "chat scripted",
+    ]  # fmt: skip
+    root = rows[0]
+    assert root.span_id == f"{root_span_id(run):016x}"
+    assert {r.trace_id for r in rows} == {run.trace_id}
+    assert rows[1].parent_span_id == rows[4].parent_span_id == root.span_id
+    assert all(r.status in ("ok", "unset", "error") for r in rows)
+    # Stored by the worker process, not this one.
+    assert {r.worker.split(":")[0] for r in rows if r.worker} and all(
+        not r.worker.endswith(f":{__import__('os').getpid()}") for r in rows
+    )
