@@ -112,7 +112,7 @@ class ApprovalDetailApi(APIView):
 class ApprovalDecideApi(APIView):
     permission_classes = [role_required(Role.ADMIN, Role.OPERATOR)]
 
-    class InputSerializer(serializers.Serializer[Any]):
+    class DecideInputSerializer(serializers.Serializer[Any]):
         decision = serializers.ChoiceField(choices=["approve", "deny"])
         reason = serializers.CharField(
             required=False, default="", allow_blank=True, max_length=2000
@@ -123,7 +123,7 @@ class ApprovalDecideApi(APIView):
         args = serializers.JSONField(required=False, default=None)
 
     @extend_schema(
-        request=InputSerializer,
+        request=DecideInputSerializer,
         responses={200: ApprovalSerializer, 409: ApprovalSerializer},
     )
     def post(self, request: Request, approval_id: str) -> Response:
@@ -132,7 +132,7 @@ class ApprovalDecideApi(APIView):
             selectors.approval_list_for(tenant=context.tenant), id=approval_id
         )
         _reject_unknown_fields(request, {"decision", "reason", "scope", "args"})
-        body = self.InputSerializer(data=request.data)
+        body = self.DecideInputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
         try:
@@ -183,7 +183,30 @@ class RuleSerializer(serializers.Serializer[Any]):
     updated_at = serializers.DateTimeField()
 
 
-RULE_INPUT_DOC = {"type": "object", "description": "see docs/approvals.md"}
+class RuleInputSerializer(serializers.Serializer[Any]):
+    """For the schema only: `approvals.rules.rule_validate` checks the body."""
+
+    position = serializers.IntegerField(required=False)
+    name = serializers.CharField()
+    tool = serializers.CharField(required=False, help_text="glob on the tool name")
+    effects = serializers.ListField(child=serializers.CharField(), required=False)
+    source = serializers.ChoiceField(  # type: ignore[assignment]  # the rule field
+        choices=["any", "trusted", "untrusted"], required=False
+    )
+    conditions = serializers.ListField(
+        child=serializers.DictField(), required=False,
+        help_text='[{"arg": "amount", "op": ">", "value": 100}]',
+    )  # fmt: skip
+    action = serializers.ChoiceField(choices=["allow", "require_approval", "deny"])
+    ttl_seconds = serializers.IntegerField(required=False, allow_null=True)
+    approver_roles = serializers.ListField(
+        child=serializers.ChoiceField(choices=["admin", "operator"]), required=False
+    )
+    approvals_required = serializers.IntegerField(required=False)
+    starter_may_approve = serializers.BooleanField(required=False)
+
+
+RULE_INPUT_DOC = RuleInputSerializer
 
 
 def _admin_for_writes(view: APIView) -> list[Any]:
@@ -259,24 +282,26 @@ class ApprovalRuleDetailApi(APIView):
 
 
 class ApprovalSettingsApi(APIView):
-    class InputSerializer(serializers.Serializer[Any]):
+    class ApprovalSettingsSerializer(serializers.Serializer[Any]):
         deny_reason_required = serializers.BooleanField()
 
     def get_permissions(self) -> list[Any]:
         return _admin_for_writes(self)
 
-    @extend_schema(responses=InputSerializer)
+    @extend_schema(responses=ApprovalSettingsSerializer)
     def get(self, request: Request) -> Response:
         context = tenant_of(request)
         current = TenantApprovalSettings.objects.filter(tenant=context.tenant).first()
         required = bool(current and current.deny_reason_required)
         return Response({"deny_reason_required": required})
 
-    @extend_schema(request=InputSerializer, responses=InputSerializer)
+    @extend_schema(
+        request=ApprovalSettingsSerializer, responses=ApprovalSettingsSerializer
+    )
     def put(self, request: Request) -> Response:
         context = tenant_of(request)
         _reject_unknown_fields(request, {"deny_reason_required"})
-        body = self.InputSerializer(data=request.data)
+        body = self.ApprovalSettingsSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         saved = rules.approval_settings_set(
             tenant=context.tenant,
