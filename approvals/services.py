@@ -437,17 +437,28 @@ def approval_edit_note(*, tool_call: ToolCall) -> str | None:
 
 
 def approval_requests_cancel_for_run(*, run: Run) -> int:
-    """Cancelling a run cancels its pending approvals."""
+    """Cancelling a run cancels its pending approvals (audited, no resume)."""
     pending = list(
         ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
     )
     cancelled = 0
     for request in pending:
-        cancelled += ApprovalRequest.objects.filter(
+        updated = ApprovalRequest.objects.filter(
             id=request.id, status=ApprovalRequest.Status.PENDING
         ).update(
             status=ApprovalRequest.Status.CANCELLED,
             decided_at=timezone.now(),
             reason="the run was cancelled",
         )
+        if updated:
+            audit_record(
+                tenant=run.tenant,
+                actor=None,
+                action="approval.cancel",
+                object_type="approval",
+                object_id=str(request.id),
+                before={"status": ApprovalRequest.Status.PENDING},
+                after={"status": ApprovalRequest.Status.CANCELLED, "run": str(run.id)},
+            )
+        cancelled += updated
     return cancelled

@@ -275,6 +275,9 @@ def test_cancelling_a_waiting_run_cancels_its_pending_approval(
     run_cancel(run=run, actor=operator_user)
     approval.refresh_from_db()
     assert approval.status == "cancelled"
+    assert AuditEvent.objects.filter(
+        action="approval.cancel", object_id=str(approval.id)
+    ).exists()
     with pytest.raises(AlreadyDecided):
         approval_decide(request=approval, decided_by=operator_user, approve=True)
     assert Refund.objects.count() == 0
