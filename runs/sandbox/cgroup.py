@@ -165,6 +165,11 @@ class RunCgroup:
                 _write(cpu / "cpu.cfs_quota_us", str(quota))
             self.applied["cpu_quota"] = True
 
+    def attach(self, pid: int) -> None:
+        """Move one process into every hierarchy of the run (v1 first, v2 last)."""
+        for path in self.procs_files:
+            _write(Path(path), str(pid))
+
     @property
     def procs_files(self) -> list[str]:
         """Every cgroup.procs the launcher must join, v1 first, v2 last."""

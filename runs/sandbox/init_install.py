@@ -44,12 +44,16 @@ def install_init(settings: SandboxSettings) -> Path:
             _write_atomically(py, source)
         if not pyc.exists():
             tmp = pyc.with_name(f"{pyc.name}.{os.getpid()}.tmp")
-            proc = subprocess.run(
-                [settings.python, "-I", "-c", _COMPILE, str(py), str(tmp)],
-                capture_output=True,
-                timeout=30,
-            )
-            if proc.returncode == 0:
+            try:
+                proc = subprocess.run(
+                    [settings.python, "-I", "-c", _COMPILE, str(py), str(tmp)],
+                    capture_output=True,
+                    timeout=30,
+                )
+                compiled = proc.returncode == 0
+            except (OSError, subprocess.SubprocessError):
+                compiled = False
+            if compiled:
                 os.chmod(tmp, 0o644)
                 os.replace(tmp, pyc)
         chosen = pyc if pyc.exists() else py

@@ -1,16 +1,14 @@
-"""The command line that starts one sandbox: launcher shell, uid drop, bubblewrap, init.
+"""The command line that starts one sandbox: uid drop, bubblewrap, init.
 
 No `preexec_fn` anywhere: the runner lives in Celery prefork children with
 OpenTelemetry threads, where running Python between fork and exec can deadlock. The
-work that must happen between fork and exec is done by separate small programs:
+work that must happen between fork and exec is done by small separate programs:
 
-1. `/bin/sh` (still root) writes its own pid into every cgroup.procs of the run and
-   execs the rest, so every later process is born inside the cgroup; it exits 125
-   (fail closed) if any write fails;
-2. `setpriv` drops to the sandbox uid/gid, clears groups and capabilities and sets
-   no_new_privs;
-3. `bwrap` (unprivileged, in a new user namespace) builds the namespaces and mounts;
-4. `sandbox_init.py` (pid 1 inside) applies rlimits and spawns the workload as pid 2.
+1. `setpriv` drops to the sandbox uid/gid, clears groups and inheritable
+   capabilities and sets no_new_privs;
+2. `bwrap` (unprivileged, in a new user namespace) builds the namespaces and mounts;
+3. `sandbox_init` (pid 1 inside) waits until the runner has moved it into the run's
+   cgroups, applies rlimits and spawns the workload as pid 2.
 """
 
 from __future__ import annotations
@@ -21,16 +19,6 @@ from pathlib import Path
 
 PROXY_SOCKET_INSIDE = "/run/sandbox/proxy.sock"
 WORKSPACE_INSIDE = "/workspace"
-LAUNCHER_EXIT_CGROUP = 125
-
-# Joins the cgroups, then execs "$@". Paths are runner-made, never model input, and
-# are passed as arguments rather than interpolated into the script.
-_JOIN_SCRIPT = (
-    'n=$1; shift; while [ "$n" -gt 0 ]; do '
-    f'echo $$ > "$1" || exit {LAUNCHER_EXIT_CGROUP}; shift; n=$((n-1)); done; '
-    'exec "$@"'
-)
-
 _SYSTEM_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
@@ -93,20 +81,6 @@ def setpriv_argv(setpriv: str, uid: int, gid: int) -> list[str]:
         "--clear-groups",
         "--no-new-privs",
         "--inh-caps=-all",
-    ]
-
-
-def launcher_argv(procs_files: Sequence[str], rest: Sequence[str]) -> list[str]:
-    """`sh -c JOIN n procs... rest...`: join the cgroups, then exec the rest."""
-    return [
-        "/bin/sh",
-        "-c",
-        _JOIN_SCRIPT,
-        "sandbox-launcher",
-        str(len(procs_files)),
-    ] + [
-        *procs_files,
-        *rest,
     ]
 
 

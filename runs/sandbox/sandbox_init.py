@@ -119,6 +119,14 @@ def main(argv: list[str]) -> int:
     command = argv[3:]  # argv[2] is "--"
     status_fd = int(config["status"])
     record: dict[str, int | str] = {}
+    go = config.get("go")
+    if go:
+        # The runner moves this process into the run's cgroups while the interpreter
+        # starts up, then releases it; nothing is spawned before that (EOF: the
+        # runner gave up, so nothing runs at all).
+        if os.read(int(go), 1) != b"g":
+            return 2
+        os.close(int(go))
     try:
         _apply_rlimits(config)
         if config.get("bridge"):

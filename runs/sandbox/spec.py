@@ -204,8 +204,10 @@ class SandboxSettings:
         unknown = self.required_layers - KNOWN_LAYERS
         if unknown:
             raise SandboxSpecError(f"unknown required layers: {sorted(unknown)}")
-        if not os.path.isabs(self.python):
-            raise SandboxSpecError("settings.python must be an absolute path")
+        if not os.path.isabs(self.python) or not os.access(self.python, os.X_OK):
+            raise SandboxSpecError(
+                f"settings.python {self.python!r} must be an absolute, executable path"
+            )
 
 
 def validate_spec(spec: SandboxSpec, settings: SandboxSettings) -> Path:

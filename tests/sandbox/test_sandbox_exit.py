@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 from runs.sandbox import (
@@ -143,3 +145,14 @@ def test_a_limit_that_cannot_be_applied_fails_closed(
     assert (r.ok, r.error, r.exit_code) == (False, "ESANDBOX", None)
     assert "setup failed" in r.detail
     assert not (workspace / "ran.txt").exists()
+
+
+def test_a_sandbox_that_cannot_start_is_reported_not_raised(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    # An interpreter that exists on the host but not inside (the venv's, under
+    # /work and /root): bubblewrap's exec of the init fails early.
+    broken = replace(settings, python=sys.executable)
+    r = run_in_sandbox(SandboxSpec(argv=["true"], workspace=workspace), broken)
+    assert (r.ok, r.error) == (False, "ESANDBOX")
+    assert "bwrap" in r.detail and "No such file" in r.detail
