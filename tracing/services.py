@@ -6,12 +6,11 @@ import functools
 import logging
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 from runs.models import Run
+from tracing.broadcast import broadcaster
 from tracing.models import RunEvent
 
 __all__ = [
@@ -83,13 +82,11 @@ def run_event_broadcast(*, event: RunEvent, tenant_id: object) -> None:
     """Send a committed event to the run's group (and the tenant's, for run-level
     types). The layer is a fast path: a lost message is refilled from the log by
     the consumer, so a layer failure is logged, never raised."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
+    groups = [run_group(event.run_id)]
+    if event.type.startswith(TENANT_EVENT_PREFIXES):
+        groups.append(tenant_group(tenant_id))
     message = {"type": "run.event", "event": event_message(event)}
     try:
-        async_to_sync(layer.group_send)(run_group(event.run_id), message)
-        if event.type.startswith(TENANT_EVENT_PREFIXES):
-            async_to_sync(layer.group_send)(tenant_group(tenant_id), message)
+        broadcaster().send(groups, message)
     except Exception:  # noqa: BLE001 - the log is the record, the layer best effort
         logger.warning("broadcast of %s failed", event, exc_info=True)
