@@ -94,8 +94,14 @@ class BudgetLedgerEntry(models.Model):
         RELEASED = "released"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No database constraint: with one, every insert takes a key-share lock on the
+    # tenant row, and concurrent writers of one tenant contend on it (multixacts).
+    # Deleting a tenant still cascades here (Django does the cascade).
     tenant = models.ForeignKey(
-        Tenant, on_delete=models.CASCADE, related_name="budget_ledger"
+        Tenant,
+        on_delete=models.CASCADE,
+        related_name="budget_ledger",
+        db_constraint=False,
     )
     # No foreign key: runs depends on controlplane, not the other way round.
     run_id = models.UUIDField(db_index=True)
