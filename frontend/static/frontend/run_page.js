@@ -12,7 +12,7 @@ import { gauge } from "./gauge.js";
 const root = document.getElementById("run-root");
 const runId = root.dataset.runId;
 const canDecide = root.dataset.canDecide === "1";
-const EAGER_EVENTS = 4000; // a run with fewer events loads whole from its log
+const EAGER_EVENTS = 1000; // a run with fewer events loads whole from its log
 const EVENT_PAGE = 1000; // the events endpoint's largest page
 const SPAN_PAGE = 500;
 
@@ -20,6 +20,7 @@ const model = (window.cpTrace = new TraceModel());
 let run = null;
 let approvals = new Map(); // id -> approval of this run
 let cursor = 0;
+// Milestones in ms since navigation start (read by bench/bench_ui.py).
 const perf = (window.cpPerf = { start: performance.now() });
 
 const view = new TreeView(document.getElementById("tree"), model, {
@@ -31,7 +32,7 @@ const view = new TreeView(document.getElementById("tree"), model, {
   costOf: (node) => costOf(node),
   decide: (approvalId, verb, button) => decide(approvalId, verb, button),
   afterRender: (count) => {
-    if (!perf.firstRows && count > 0) { perf.firstRows = performance.now() - perf.start; document.body.dataset.treeReady = "1"; }
+    if (!perf.firstRows && count > 0) { perf.firstRows = performance.now(); document.body.dataset.treeReady = "1"; }
     document.getElementById("tree-count").textContent = `${model.size} spans loaded${model.running ? ` · ${model.running} running` : ""}`;
   },
 });
@@ -257,16 +258,25 @@ async function loadMore(parent) {
   }
 }
 
-// The log's last seq without reading it all: gallop, then bisect.
+// The log's last seq without reading it all: probe several points at once
+// (the browser runs six requests in parallel), narrowing the range each round.
 async function lastSeq(known) {
   const has = async (after) => rowsOf(await api(`/api/v1/runs/${runId}/events/?after_seq=${after}&limit=1`)).length > 0;
-  if (!(await has(known))) return known;
-  let low = known; // invariant: an event after low exists, none after high
-  let high = known * 2 + 1000;
-  while (await has(high)) { low = high; high *= 2; }
+  let low = known; // an event after low exists (or low is the last), none after high
+  let high = null;
+  const probes = [1, 4, 16, 64, 256, 1024].map((k) => known + k * 1000);
+  const found = await Promise.all(probes.map(has));
+  for (let i = 0; i < probes.length; i += 1) { if (found[i]) low = probes[i]; else { high = probes[i]; break; } }
+  if (high === null) { high = low * 4; while (await has(high)) { low = high; high *= 4; } }
+  if (!(await has(low))) return low;
   while (high - low > 1) {
-    const mid = Math.floor((low + high) / 2);
-    if (await has(mid)) low = mid; else high = mid;
+    const step = Math.max(1, Math.ceil((high - low) / 7));
+    const points = [];
+    for (let p = low + step; p < high; p += step) points.push(p);
+    const answers = await Promise.all(points.map(has));
+    for (let i = 0; i < points.length; i += 1) {
+      if (answers[i]) low = points[i]; else { high = points[i]; break; }
+    }
   }
   return high;
 }
@@ -298,16 +308,19 @@ async function loadTrace() {
     return;
   }
   // A large run: roots and the first pages of children; the rest on expand.
+  // The cursor is fixed before the snapshot: what happens after it is replayed
+  // by the socket and applied idempotently, so nothing falls in between.
+  cursor = await lastSeq(events.at(-1)?.seq ?? 0);
   const roots = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=&limit=${SPAN_PAGE}`);
   model.addPage("", roots.spans, roots.next);
   model.rootNext = roots.next;
-  for (const id of model.roots.slice(0, 3)) {
+  view.schedule();
+  await Promise.all(model.roots.slice(0, 3).map((id) => {
     const node = model.nodes.get(id);
     node.expanded = true;
     node.loading = true;
-    loadChildren(node);
-  }
-  cursor = await lastSeq(events.at(-1)?.seq ?? 0);
+    return loadChildren(node);
+  }));
 }
 
 function applyEventQuiet(event) {
@@ -425,13 +438,14 @@ setInterval(() => {
   if (run && !TERMINAL_RUN.has(run.status)) renderBurn();
 }, 1000);
 
-await Promise.all([loadRun(), loadApprovals()]);
+const header = Promise.all([loadRun(), loadApprovals()]);
 try {
   await loadTrace();
 } catch (error) {
   flash(`Could not load the trace: ${error.message}`);
 }
-perf.loaded = performance.now() - perf.start;
+await header;
+perf.loaded = performance.now();
 view.schedule();
 renderBanner();
 const hash = new URLSearchParams(location.hash.slice(1));
@@ -448,4 +462,4 @@ window.cpStream = new Stream({
   poll: async (after) => rowsOf(await api(`/api/v1/runs/${runId}/events/?after_seq=${after ?? 0}&limit=500`)),
   onFatal: (code) => flash(code === 4404 ? "This run is not in your tenant." : "Your session ended; log in again."),
 }).start();
-requestAnimationFrame(() => { perf.interactive = performance.now() - perf.start; document.body.dataset.interactive = "1"; });
+requestAnimationFrame(() => { perf.interactive = performance.now(); document.body.dataset.interactive = "1"; });

@@ -1,7 +1,7 @@
 // A virtualised tree: only the rows in view (plus a margin) are in the DOM, at
 // fixed height, absolutely positioned over a spacer as tall as all rows.
 // Keyboard: ↑/↓ move, → expands or enters, ← collapses or goes up, Home/End,
-// PageUp/PageDown; the focused row is the selected span.
+// PageUp/PageDown, * expands all siblings; the focused row is the selected span.
 
 import { duration, money, statusParts, timeLeft, tokens } from "./format.js";
 
@@ -27,6 +27,8 @@ export class TreeView {
     this.layer = document.createElement("div");
     this.layer.className = "tree-rows";
     this.spacer.append(this.layer);
+    this.mounted = new Map(); // row key -> {html, el} of the rows in the DOM
+    this.template = document.createElement("template");
     host.append(this.spacer);
     host.addEventListener("scroll", () => this.schedule(), { passive: true });
     host.addEventListener("keydown", (e) => this.onKey(e));
@@ -39,8 +41,19 @@ export class TreeView {
     this.frame = requestAnimationFrame(() => { this.frame = 0; this.render(); });
   }
 
-  refreshRows() {
+  // Live appends re-flatten a big tree at most every 250 ms (a user's own
+  // expand/collapse is immediate): the rows in view stay cheap to draw.
+  refreshRows({ force = false } = {}) {
     if (this.flatVersion === this.model.version) return;
+    const big = this.rows.length > 5000;
+    const since = performance.now() - (this.flatAt || 0);
+    if (big && !force && !this.userChange && since < 250) {
+      clearTimeout(this.flatTimer);
+      this.flatTimer = setTimeout(() => this.schedule(), 250 - since);
+      return;
+    }
+    this.userChange = false;
+    this.flatAt = performance.now();
     const activeId = this.rows[this.active]?.node?.id;
     this.rows = this.model.flatten();
     this.flatVersion = this.model.version;
@@ -48,6 +61,7 @@ export class TreeView {
   }
 
   render() {
+    const began = performance.now();
     this.refreshRows();
     const total = this.rows.length;
     this.spacer.style.height = `${total * ROW_HEIGHT}px`;
@@ -55,13 +69,34 @@ export class TreeView {
     const height = this.host.clientHeight || 600;
     const first = Math.max(0, Math.floor(top / ROW_HEIGHT) - OVERSCAN);
     const last = Math.min(total, Math.ceil((top + height) / ROW_HEIGHT) + OVERSCAN);
-    const now = Date.now();
+    // While spans run the axis ends at "now", moved once a second so that rows
+    // whose content did not change keep their DOM.
+    const now = this.model.running ? Math.ceil(Date.now() / 1000) * 1000 : Date.now();
     const t0 = this.model.t0 ?? now;
     const t1 = Math.max(this.model.running ? now : (this.model.t1 ?? now), t0 + 1);
     this.axis = { t0, t1 };
-    const html = [];
-    for (let i = first; i < last; i += 1) html.push(this.rowHtml(this.rows[i], i, t0, t1, now));
-    this.layer.innerHTML = html.join("");
+    const keep = new Map();
+    const order = [];
+    for (let i = first; i < last; i += 1) {
+      const row = this.rows[i];
+      const key = row.node ? row.node.id : `${row.pseudo}:${row.parent?.id ?? ""}`;
+      const html = this.rowHtml(row, i, t0, t1, now);
+      let item = this.mounted.get(key);
+      if (!item || item.html !== html) {
+        this.template.innerHTML = html;
+        item = { html, el: this.template.content.firstElementChild };
+      }
+      keep.set(key, item);
+      order.push(item.el);
+    }
+    for (const [key, item] of this.mounted) if (keep.get(key) !== item) item.el.remove();
+    this.mounted = keep;
+    // DOM order follows the rows (screen readers read it), appending only what moved.
+    let cursor = this.layer.firstElementChild;
+    for (const el of order) {
+      if (el === cursor) cursor = cursor.nextElementSibling;
+      else this.layer.insertBefore(el, cursor);
+    }
     if (this.active >= 0 && this.rows[this.active]?.node) this.host.setAttribute("aria-activedescendant", `row-${this.rows[this.active].node.id}`);
     else this.host.removeAttribute("aria-activedescendant");
     // A "load more" row in view pages on by itself.
@@ -70,6 +105,7 @@ export class TreeView {
       if (row.pseudo === "more" && !(row.parent?.loading ?? this.model.rootLoading)) this.hooks.loadMore(row.parent);
     }
     if (this.hooks.afterRender) this.hooks.afterRender(last - first);
+    if (window.cpRenderTimes) window.cpRenderTimes.push(performance.now() - began);
   }
 
   rowHtml(row, index, t0, t1, now) {
@@ -140,6 +176,7 @@ export class TreeView {
   async toggle(node, open = !node.expanded) {
     if (!node) return;
     node.expanded = open;
+    this.userChange = true;
     this.model.version += 1;
     if (open && node.children === null && !node.loading) {
       node.loading = true;
@@ -150,7 +187,7 @@ export class TreeView {
   }
 
   moveTo(index, { focus = false } = {}) {
-    this.refreshRows();
+    this.refreshRows({ force: true });
     if (index < 0 || index >= this.rows.length) return;
     while (index < this.rows.length && !this.rows[index].node) index -= 1;
     if (index < 0) return;
@@ -174,14 +211,14 @@ export class TreeView {
     const path = this.model.pathTo(id);
     for (const node of path.slice(0, -1)) node.expanded = true;
     this.model.version += 1;
-    this.refreshRows();
+    this.refreshRows({ force: true });
     const index = this.rows.findIndex((r) => r.node && r.node.id === id);
     if (index >= 0) this.moveTo(index, { focus: true });
   }
 
   onKey(event) {
     if (event.target !== this.host) return;
-    this.refreshRows();
+    this.refreshRows({ force: true });
     const row = this.rows[this.active];
     const node = row?.node;
     const page = Math.max(1, Math.floor(this.host.clientHeight / ROW_HEIGHT) - 1);
@@ -201,6 +238,12 @@ export class TreeView {
         if (!node) break;
         if (node.expanded) this.toggle(node, false);
         else if (row.parent) this.moveTo(this.rows.findIndex((r) => r.node === row.parent));
+        break;
+      case "*": // expand every sibling of the focused node (WAI-ARIA tree)
+        if (!node) break;
+        for (const sibling of this.rows.filter((r) => r.node && r.parent === row.parent)) {
+          if (!sibling.node.expanded) this.toggle(sibling.node, true);
+        }
         break;
       case "Enter": case " ":
         if (node) this.toggle(node);
