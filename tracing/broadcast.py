@@ -10,6 +10,7 @@ the layer, never to a client: the log is the record and streams refill gaps.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
@@ -78,4 +79,6 @@ def broadcaster() -> Broadcaster:
     with _lock:
         if _broadcaster is None or _broadcaster.pid != os.getpid():
             _broadcaster = Broadcaster()
+            # A short-lived process (a CLI, a script) hands over what it queued.
+            atexit.register(_broadcaster.flush, 2.0)
         return _broadcaster

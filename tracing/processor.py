@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import datetime as dt
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -16,7 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tracing.redaction import redact, redact_attributes
-from tracing.store import SpanRecord, span_record_end, span_record_start
+from tracing.store import PayloadMemo, SpanRecord, span_record_end, span_record_start
 
 __all__ = [
     "RUN_ID_KEY",
@@ -99,27 +100,50 @@ class RunSpanProcessor(SpanProcessor):
     never breaks a run: a failed write is logged and the run carries on.
     """
 
+    def __init__(self) -> None:
+        # Per open span: its row's pk, whether a worker holds it, and payload
+        # digests computed at start (the end repeats those attributes).
+        self._open: dict[tuple[int, int], tuple[int, bool, PayloadMemo]] = {}
+        self._lock = threading.Lock()
+
     def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
         ids = self._ids(span)
         if ids is None:
             return
         record = _record_of(span, ended=False)
         record.leased = not _long_lived.get()
+        memo: PayloadMemo = {}
         try:
-            span_record_start(run_id=ids[0], tenant_id=ids[1], record=record)
+            row = span_record_start(
+                run_id=ids[0], tenant_id=ids[1], record=record, memo=memo
+            )
         except Exception:  # noqa: BLE001 - see the class docstring
             logger.warning("tracing: could not store span %s", span.name, exc_info=True)
+            return
+        if record.leased:  # long-lived ones end elsewhere, started again
+            with self._lock:
+                self._open[self._key(span)] = (row.pk, True, memo)
 
     def on_end(self, span: ReadableSpan) -> None:
         ids = self._ids(span)
         if ids is None:
             return
+        with self._lock:
+            pk, leased, memo = self._open.pop(self._key(span), (None, False, {}))
+        record = _record_of(span, ended=True)
+        record.leased = leased
         try:
             span_record_end(
-                run_id=ids[0], tenant_id=ids[1], record=_record_of(span, ended=True)
+                run_id=ids[0], tenant_id=ids[1], record=record, memo=memo, pk=pk
             )
         except Exception:  # noqa: BLE001 - see the class docstring
             logger.warning("tracing: could not store span %s", span.name, exc_info=True)
+
+    @staticmethod
+    def _key(span: ReadableSpan) -> tuple[int, int]:
+        context = span.get_span_context()
+        assert context is not None
+        return context.trace_id, context.span_id
 
     def shutdown(self) -> None:
         return None

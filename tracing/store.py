@@ -95,23 +95,35 @@ def payload_encode(value: Any) -> tuple[str, str, int]:
 def payload_store(*, tenant_id: Any, value: Any) -> str:
     """Store a (redacted) payload once per tenant; return its sha256."""
     digest, text, size = payload_encode(value)
-    SpanPayload.objects.get_or_create(
-        tenant_id=tenant_id, sha256=digest, defaults={"size": size, "content": text}
+    SpanPayload.objects.bulk_create(
+        [SpanPayload(tenant_id=tenant_id, sha256=digest, size=size, content=text)],
+        ignore_conflicts=True,
     )
     return digest
 
 
+# Payload digests by (span, attribute) with the raw value they were computed
+# from: a span's end repeats its start's attributes, identical objects.
+PayloadMemo = dict[str, tuple[Any, str]]
+
+
 def _split_payloads(
-    tenant_id: Any, attributes: Mapping[str, Any]
+    tenant_id: Any, raw: Mapping[str, Any], memo: PayloadMemo | None = None
 ) -> tuple[dict[str, Any], dict[str, str]]:
     plain: dict[str, Any] = {}
     payloads: dict[str, str] = {}
-    for key, value in attributes.items():
+    for key, value in raw.items():
         if key in PAYLOAD_KEYS:
+            known = memo.get(key) if memo is not None else None
+            if known is not None and known[0] is value:
+                payloads[key] = known[1]
+                continue
             payloads[key] = payload_store(tenant_id=tenant_id, value=value)
+            if memo is not None:
+                memo[key] = (value, payloads[key])
         else:
             plain[key] = list(value) if isinstance(value, tuple) else value
-    return plain, payloads
+    return redact_attributes(plain), payloads
 
 
 def span_event_payload(span: Span) -> dict[str, Any]:
@@ -142,33 +154,43 @@ def _run_ref(run_id: Any, tenant_id: Any) -> Run:
     return Run(id=run_id, tenant_id=tenant_id)
 
 
-def span_record_start(*, run_id: Any, tenant_id: Any, record: SpanRecord) -> Span:
+def span_record_start(
+    *,
+    run_id: Any,
+    tenant_id: Any,
+    record: SpanRecord,
+    memo: PayloadMemo | None = None,
+) -> Span:
     """Store a started span (once: a span started again with the same ids, as a
     long wait ending in another process, keeps its row) and log `span.started`."""
-    attributes, payloads = _split_payloads(
-        tenant_id, redact_attributes(record.attributes)
-    )
+    attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
     lease = None
     if record.leased:
         lease = timezone.now() + dt.timedelta(
             seconds=settings.TRACING_SPAN_LEASE_SECONDS
         )
+    fields = {
+        "run_id": run_id,
+        "parent_span_id": record.parent_span_id,
+        "name": record.name[:300],
+        "kind": record.kind,
+        "started_at": record.started_at,
+        "attributes": attributes,
+        "payloads": payloads,
+        "worker": _worker_name() if record.leased else "",
+        "lease_expires_at": lease,
+    }
     with transaction.atomic():
-        span, created = Span.objects.get_or_create(
-            trace_id=record.trace_id,
-            span_id=record.span_id,
-            defaults={
-                "run_id": run_id,
-                "parent_span_id": record.parent_span_id,
-                "name": record.name[:300],
-                "kind": record.kind,
-                "started_at": record.started_at,
-                "attributes": attributes,
-                "payloads": payloads,
-                "worker": _worker_name() if record.leased else "",
-                "lease_expires_at": lease,
-            },
-        )
+        if record.leased:
+            # A task's own span: new ids, never seen before.
+            span = Span.objects.create(
+                trace_id=record.trace_id, span_id=record.span_id, **fields
+            )
+            created = True
+        else:
+            span, created = Span.objects.get_or_create(
+                trace_id=record.trace_id, span_id=record.span_id, defaults=fields
+            )
         if created:
             run_event_append(
                 run=_run_ref(run_id, tenant_id),
@@ -178,37 +200,79 @@ def span_record_start(*, run_id: Any, tenant_id: Any, record: SpanRecord) -> Spa
     return span
 
 
-def span_record_end(*, run_id: Any, tenant_id: Any, record: SpanRecord) -> Span:
+def span_record_end(
+    *,
+    run_id: Any,
+    tenant_id: Any,
+    record: SpanRecord,
+    memo: PayloadMemo | None = None,
+    pk: int | None = None,
+) -> Span:
     """Complete (or create, for a span we never saw start) the span's row and log
-    `span.ended`."""
-    attributes, payloads = _split_payloads(
-        tenant_id, redact_attributes(record.attributes)
-    )
+    `span.ended`. A task's own span (`leased`, `pk` known from its start) carries
+    all its attributes at the end: one UPDATE. A long-lived span started again
+    merges into the row it had."""
+    attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
     events = redact(record.events)
+    ended_at = record.ended_at or timezone.now()
     with transaction.atomic():
-        span = (
-            Span.objects.select_for_update()
-            .filter(trace_id=record.trace_id, span_id=record.span_id)
-            .first()
-        )
-        if span is None:
+        span: Span | None = None
+        if record.leased and pk is not None:
             span = Span(
+                pk=pk,
                 run_id=run_id,
                 trace_id=record.trace_id,
                 span_id=record.span_id,
                 parent_span_id=record.parent_span_id,
+                name=record.name[:300],
+                kind=record.kind,
+                status=record.status,
+                status_message=redact(record.status_message),
                 started_at=record.started_at,
+                ended_at=ended_at,
+                attributes=attributes,
+                payloads=payloads,
+                events=events,
+                worker=_worker_name(),
+                lease_expires_at=None,
             )
-        span.name = record.name[:300]
-        span.kind = record.kind
-        span.status = record.status
-        span.status_message = redact(record.status_message)
-        span.ended_at = record.ended_at or timezone.now()
-        span.attributes = {**span.attributes, **attributes}
-        span.payloads = {**span.payloads, **payloads}
-        span.events = events
-        span.lease_expires_at = None
-        span.save()
+            updated = Span.objects.filter(pk=pk, status=Span.Status.RUNNING).update(
+                name=span.name,
+                kind=span.kind,
+                status=span.status,
+                status_message=span.status_message,
+                ended_at=ended_at,
+                attributes=attributes,
+                payloads=payloads,
+                events=events,
+                lease_expires_at=None,
+            )
+            if not updated:
+                span = None  # abandoned meanwhile, or gone: the general path
+        if span is None:
+            span = (
+                Span.objects.select_for_update()
+                .filter(trace_id=record.trace_id, span_id=record.span_id)
+                .first()
+            )
+            if span is None:
+                span = Span(
+                    run_id=run_id,
+                    trace_id=record.trace_id,
+                    span_id=record.span_id,
+                    parent_span_id=record.parent_span_id,
+                    started_at=record.started_at,
+                )
+            span.name = record.name[:300]
+            span.kind = record.kind
+            span.status = record.status
+            span.status_message = redact(record.status_message)
+            span.ended_at = ended_at
+            span.attributes = {**span.attributes, **attributes}
+            span.payloads = {**span.payloads, **payloads}
+            span.events = events
+            span.lease_expires_at = None
+            span.save()
         run_event_append(
             run=_run_ref(run_id, tenant_id),
             type="span.ended",
