@@ -329,6 +329,8 @@ class _Run:
         """Wait on a pidfd until exit, wall clock, output cap or the pids limit."""
         cap = 2 * self.spec.limits.output_bytes
         watch_pids = self.settings.kill_on_pids_limit and self.cgroup is not None
+        if proc.returncode is not None:
+            return None  # already reaped while joining the cgroup (bwrap failed)
         pidfd = os.pidfd_open(proc.pid)
         try:
             poller = select.poll()

@@ -69,8 +69,10 @@ def test_cpu_spin_ignoring_sigxcpu_dies_at_hard_limit(
         "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass"
     )
     r = run_python(settings, workspace, code, Limits(cpu_seconds=1, wall_seconds=10))
-    assert (r.signal, r.timed_out, r.termination_cause) == (9, False, "cpu_limit")
-    assert 1_500 <= r.counters["workload_cpu_ms"] < 2_600
+    assert (r.signal, r.timed_out, r.termination_cause) == (9, False, "cpu_limit"), (
+        r.counters
+    )
+    assert 1_200 <= r.counters["workload_cpu_ms"] < 2_600
 
 
 def test_sleep_under_cpu_limit_completes(
