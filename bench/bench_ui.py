@@ -165,7 +165,8 @@ FRAME_PROBE = """() => {
   window.cpRenderTimes = [];
   document.addEventListener('keydown', (e) => {
     const t = e.timeStamp;
-    requestAnimationFrame(() => setTimeout(() => window.cpLatency.push(performance.now() - t), 0));
+    requestAnimationFrame(() => setTimeout(
+      () => window.cpLatency.push(performance.now() - t), 0));
   }, true);
 }"""
 
@@ -177,42 +178,64 @@ FRAME_STOP = """() => { window.cpFramesOn = false; clearInterval(window.cpRowsPr
 def _append_live(
     run: Any, seconds: float, stop: threading.Event, out: dict[str, Any], rate: float
 ) -> None:
-    """Start and end spans under the root at `rate` events/s (two events a span),
-    a few spans per transaction (as a busy worker's batch of tool calls)."""
+    """Start and end spans under the root at `rate` events/s (two events a span).
+
+    Rows and events are written the way the store writes them (a span row, a
+    `span.started` and a `span.ended` event with the next seqs, broadcast to the
+    run's group after commit), but a tick's worth at once: the browser is what
+    is measured here, not the span pipeline (bench_tracing measures that)."""
+    import asyncio
+
+    from channels.layers import get_channel_layer
     from django.db import connection, transaction
+    from django.db.models import Max
 
-    from tracing.models import Span
-    from tracing.store import SpanRecord, span_record_end, span_record_start
+    from tracing.models import RunEvent, Span
+    from tracing.services import event_message, run_group
+    from tracing.store import span_event_payload
 
+    layer = get_channel_layer()
+    loop = asyncio.new_event_loop()
+    group = run_group(run.id)
     root = Span.objects.get(run=run, parent_span_id="")
-    batch = 5  # spans per transaction: 10 events
+    seq = RunEvent.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0
+    tick = 0.05
     sent = 0
     began = time.monotonic()
     try:
         while not stop.is_set() and time.monotonic() - began < seconds:
+            due = int((time.monotonic() - began + tick) * rate) - sent
+            spans = []
+            for _ in range(max(1, due // 2)):
+                now = dt.datetime.now(dt.UTC)
+                spans.append(Span(
+                    run=run, trace_id=run.trace_id, span_id=_hex(64),
+                    parent_span_id=root.span_id, name=f"execute_tool live #{sent // 2}",
+                    status=Span.Status.OK, started_at=now,
+                    ended_at=now + dt.timedelta(milliseconds=3),
+                    attributes={"gen_ai.tool.name": "live"},
+                ))  # fmt: skip
             with transaction.atomic():
-                for _ in range(batch):
-                    now = dt.datetime.now(dt.UTC)
-                    record = SpanRecord(
-                        trace_id=run.trace_id, span_id=_hex(64),
-                        parent_span_id=root.span_id,
-                        name=f"execute_tool live #{sent // 2}", kind="internal",
-                        started_at=now, attributes={"gen_ai.tool.name": "live"},
-                    )  # fmt: skip
-                    span_record_start(
-                        run_id=run.id, tenant_id=run.tenant_id, record=record
-                    )
-                    record.ended_at = dt.datetime.now(dt.UTC)
-                    record.status = Span.Status.OK
-                    span_record_end(
-                        run_id=run.id, tenant_id=run.tenant_id, record=record
-                    )
-                    sent += 2
-            due = began + sent / rate
-            time.sleep(max(0.0, due - time.monotonic()))
+                Span.objects.bulk_create(spans)
+                events = []
+                for span in spans:
+                    payload = span_event_payload(span)
+                    for kind in ("span.started", "span.ended"):
+                        seq += 1
+                        events.append(
+                            RunEvent(run=run, seq=seq, type=kind, payload=payload)
+                        )
+                RunEvent.objects.bulk_create(events)
+            for event in events:
+                message = {"type": "run.event", "event": event_message(event)}
+                loop.run_until_complete(layer.group_send(group, message))
+            sent += len(events)
+            wake = began + sent / rate
+            time.sleep(max(0.0, wake - time.monotonic()))
     finally:
         out["sent"] = sent
         out["seconds"] = time.monotonic() - began
+        loop.close()
         connection.close()
 
 
@@ -260,6 +283,9 @@ def main() -> None:
             perf = page.evaluate("() => window.cpPerf")
             results["first_rows_ms"] = perf.get("firstRows")
             results["interactive_ms"] = perf.get("interactive")
+            marks = ("start", "probed", "cursor", "roots", "firstRows", "interactive")
+            seen = [f"{k} {perf[k]:.0f}" for k in marks if perf.get(k) is not None]
+            print("  milestones, ms since navigation:", ", ".join(seen))
             # Expand every step (the "*" key: all siblings) and wait for 20,001 rows.
             page.locator(".trow[aria-level='2']").first.click()
             t = time.monotonic()
@@ -272,10 +298,13 @@ def main() -> None:
             page.evaluate(FRAME_PROBE)
             # Scroll the whole tree: 3 s of continuous scrolling, 600 px a frame.
             page.evaluate("""() => new Promise((done) => {
-              const tree = document.getElementById('tree'); const end = performance.now() + 3000;
+              const tree = document.getElementById('tree');
+              const end = performance.now() + 3000;
               const step = () => { tree.scrollTop += 600;
-                if (tree.scrollTop + tree.clientHeight >= tree.scrollHeight) tree.scrollTop = 0;
-                if (performance.now() < end) requestAnimationFrame(step); else done(); };
+                const bottom = tree.scrollTop + tree.clientHeight >= tree.scrollHeight;
+                if (bottom) tree.scrollTop = 0;
+                if (performance.now() < end) requestAnimationFrame(step);
+                else done(); };
               requestAnimationFrame(step); })""")  # fmt: skip
             scroll = page.evaluate(FRAME_STOP)
             results["scroll_frames"] = scroll["frames"][1:]

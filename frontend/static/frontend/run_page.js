@@ -258,25 +258,16 @@ async function loadMore(parent) {
   }
 }
 
-// The log's last seq without reading it all: probe several points at once
-// (the browser runs six requests in parallel), narrowing the range each round.
+// The log's last seq without reading it all: gallop, then bisect.
 async function lastSeq(known) {
   const has = async (after) => rowsOf(await api(`/api/v1/runs/${runId}/events/?after_seq=${after}&limit=1`)).length > 0;
-  let low = known; // an event after low exists (or low is the last), none after high
-  let high = null;
-  const probes = [1, 4, 16, 64, 256, 1024].map((k) => known + k * 1000);
-  const found = await Promise.all(probes.map(has));
-  for (let i = 0; i < probes.length; i += 1) { if (found[i]) low = probes[i]; else { high = probes[i]; break; } }
-  if (high === null) { high = low * 4; while (await has(high)) { low = high; high *= 4; } }
-  if (!(await has(low))) return low;
+  if (!(await has(known))) return known;
+  let low = known; // invariant: an event after low exists, none after high
+  let high = known * 4 + 1000;
+  while (await has(high)) { low = high; high *= 4; }
   while (high - low > 1) {
-    const step = Math.max(1, Math.ceil((high - low) / 7));
-    const points = [];
-    for (let p = low + step; p < high; p += step) points.push(p);
-    const answers = await Promise.all(points.map(has));
-    for (let i = 0; i < points.length; i += 1) {
-      if (answers[i]) low = points[i]; else { high = points[i]; break; }
-    }
+    const mid = Math.floor((low + high) / 2);
+    if (await has(mid)) low = mid; else high = mid;
   }
   return high;
 }
@@ -286,14 +277,16 @@ async function loadTrace() {
   let page = null;
   let available = true;
   try {
-    let after = 0;
-    do {
-      page = await api(`/api/v1/runs/${runId}/events/?after_seq=${after}&limit=${EVENT_PAGE}`);
-      const rows = rowsOf(page);
-      events.push(...rows);
-      after = rows.at(-1)?.seq ?? after;
-      if (rows.length < EVENT_PAGE) break;
-    } while (events.length < EAGER_EVENTS);
+    // One tiny probe decides: a log longer than a page means a large run,
+    // which never downloads its log.
+    const probe = await api(`/api/v1/runs/${runId}/events/?after_seq=${EAGER_EVENTS}&limit=1`);
+    perf.probed = performance.now();
+    if (rowsOf(probe).length) {
+      page = { events: new Array(EVENT_PAGE) }; // "full": take the lazy path
+    } else {
+      page = await api(`/api/v1/runs/${runId}/events/?after_seq=0&limit=${EVENT_PAGE}`);
+      events.push(...rowsOf(page));
+    }
   } catch (error) {
     if (!(error instanceof ApiError && error.status === 404)) throw error;
     available = false; // no events endpoint: the socket replays from the start
@@ -307,20 +300,32 @@ async function loadTrace() {
     expandDefault();
     return;
   }
-  // A large run: roots and the first pages of children; the rest on expand.
-  // The cursor is fixed before the snapshot: what happens after it is replayed
-  // by the socket and applied idempotently, so nothing falls in between.
-  cursor = await lastSeq(events.at(-1)?.seq ?? 0);
+  // A large run: roots and the first pages of children now, the rest on expand.
   const roots = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=&limit=${SPAN_PAGE}`);
   model.addPage("", roots.spans, roots.next);
   model.rootNext = roots.next;
+  perf.roots = performance.now();
   view.schedule();
-  await Promise.all(model.roots.slice(0, 3).map((id) => {
-    const node = model.nodes.get(id);
+  const opened = model.roots.slice(0, 3).map((id) => model.nodes.get(id));
+  await Promise.all(opened.map((node) => {
     node.expanded = true;
     node.loading = true;
     return loadChildren(node);
   }));
+  // Then the stream's cursor: the log's last seq, and the loaded pages read
+  // again after it, so no change falls between the snapshot and the stream
+  // (events after the cursor are replayed and applied idempotently).
+  return async () => {
+    cursor = await lastSeq(EAGER_EVENTS);
+    perf.cursor = performance.now();
+    const again = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=&limit=${SPAN_PAGE}`);
+    model.addPage("", again.spans, model.rootNext);
+    await Promise.all(opened.map(async (node) => {
+      const page = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=${node.id}&limit=${SPAN_PAGE}`);
+      model.addPage(node.id, page.spans, node.next);
+    }));
+    view.schedule();
+  };
 }
 
 function applyEventQuiet(event) {
@@ -439,8 +444,9 @@ setInterval(() => {
 }, 1000);
 
 const header = Promise.all([loadRun(), loadApprovals()]);
+let settleCursor = null;
 try {
-  await loadTrace();
+  settleCursor = await loadTrace();
 } catch (error) {
   flash(`Could not load the trace: ${error.message}`);
 }
@@ -453,6 +459,10 @@ if (hash.get("call")) {
   const target = [...model.nodes.values()].find((n) => n.s.name.startsWith("approval") && (n.s.attributes || {})["gen_ai.tool.call.id"] === hash.get("call"));
   if (target) view.select(target.id);
 }
+requestAnimationFrame(() => { perf.interactive = performance.now(); document.body.dataset.interactive = "1"; });
+if (settleCursor) {
+  try { await settleCursor(); } catch (error) { flash(`Could not load the trace: ${error.message}`); }
+}
 window.cpStream = new Stream({
   path: `/ws/runs/${runId}/`,
   cursorParam: "after_seq",
@@ -462,4 +472,3 @@ window.cpStream = new Stream({
   poll: async (after) => rowsOf(await api(`/api/v1/runs/${runId}/events/?after_seq=${after ?? 0}&limit=500`)),
   onFatal: (code) => flash(code === 4404 ? "This run is not in your tenant." : "Your session ended; log in again."),
 }).start();
-requestAnimationFrame(() => { perf.interactive = performance.now(); document.body.dataset.interactive = "1"; });
