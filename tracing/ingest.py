@@ -394,7 +394,10 @@ def _time(ns: int) -> dt.datetime:
 
 
 def _payload_rows(
-    tenant: Tenant, attributes: dict[str, Any], rows: dict[str, SpanPayload]
+    tenant: Tenant,
+    attributes: dict[str, Any],
+    rows: dict[str, SpanPayload],
+    encodings: dict[str, tuple[str, str, int]],
 ) -> tuple[dict[str, Any], dict[str, str]]:
     plain: dict[str, Any] = {}
     refs: dict[str, str] = {}
@@ -402,7 +405,13 @@ def _payload_rows(
         if key not in PAYLOAD_KEYS:
             plain[key] = value
             continue
-        digest, text, size = payload_encode(value)
+        cache_key = value if isinstance(value, str) else None
+        encoded = encodings.get(cache_key) if cache_key is not None else None
+        if encoded is None:
+            encoded = payload_encode(value)
+            if cache_key is not None:
+                encodings[cache_key] = encoded
+        digest, text, size = encoded
         rows.setdefault(
             digest,
             SpanPayload(tenant=tenant, sha256=digest, size=size, content=text),
@@ -430,13 +439,14 @@ def _store_trace(
         started_at=_time(first.start_ns),
     )
     payloads: dict[str, SpanPayload] = {}
+    encodings: dict[str, tuple[str, str, int]] = {}  # the same prompt, once
     rows: list[Span] = []
     input_tokens = output_tokens = 0
     failed = False
     root_input = root_output = None
     for span in spans:
         attributes = redact_attributes(map_attributes(span.attributes))
-        plain, refs = _payload_rows(tenant, attributes, payloads)
+        plain, refs = _payload_rows(tenant, attributes, payloads, encodings)
         if plain.get("gen_ai.operation.name") == "chat":
             input_tokens += _safe_int(plain.get("gen_ai.usage.input_tokens"))
             output_tokens += _safe_int(plain.get("gen_ai.usage.output_tokens"))

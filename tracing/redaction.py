@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -32,7 +33,12 @@ _URL_PASSWORD = re.compile(
 
 
 def _redacted_keys() -> frozenset[str]:
-    return frozenset(key.lower() for key in settings.TRACING_REDACT_KEYS)
+    return _keys_of(tuple(settings.TRACING_REDACT_KEYS))
+
+
+@functools.lru_cache(maxsize=8)
+def _keys_of(keys: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(key.lower() for key in keys)
 
 
 def key_is_secret(key: str, keys: Iterable[str] | None = None) -> bool:
@@ -46,7 +52,8 @@ def redact_text(value: str) -> str:
     """Replace credential-looking substrings of `value`."""
     if len(value) < 8:
         return value
-    value = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED + "@", value)
+    if "://" in value:
+        value = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED + "@", value)
     return _CREDENTIALS.sub(REDACTED, value)
 
 
