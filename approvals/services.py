@@ -242,7 +242,8 @@ def _decide(
     if args is not None:
         new_args, new_sha = _validated_edit(locked, args)
         if new_sha != locked.args_sha256:
-            _edit_args(locked, new_args, new_sha, decided_by)
+            policy_changes = _policy_for_edit(locked, new_args)
+            _edit_args(locked, new_args, new_sha, decided_by, policy_changes)
     try:
         with transaction.atomic():
             ApprovalDecision.objects.create(
@@ -305,8 +306,43 @@ def _decide(
     return locked
 
 
+def _policy_for_edit(request: ApprovalRequest, args: dict[str, Any]) -> dict[str, Any]:
+    """Ask the policy about the edited arguments: an edit may not escape a stricter
+    rule. A deny refuses the edit; a rule needing more approvers raises the bar."""
+    from approvals.policy import tenant_policy
+    from runs.engine.policy import PolicyAction, PolicyContext, decide_policy
+    from runs.tools.registry import BUILTIN_TOOLS
+
+    contract = BUILTIN_TOOLS[request.tool_name].contract
+    context = PolicyContext(
+        run_id=str(request.run_id), tenant_id=str(request.tenant_id)
+    )
+    decision = decide_policy(tenant_policy, contract, args, context)
+    if decision.action is PolicyAction.DENY:
+        raise ApprovalInputError(
+            "args", f"the edited arguments are denied by policy: {decision.reason}"
+        )
+    if decision.action is not PolicyAction.REQUIRE_APPROVAL:
+        return {}
+    rule = _rule_of(decision.to_dict())
+    if rule is None or rule.approvals_required <= request.approvals_required:
+        return {}
+    return {
+        "rule": decision.rule,
+        "rule_ref": rule,
+        "rule_reason": decision.reason,
+        "approvals_required": rule.approvals_required,
+        "approver_roles": rule.approver_roles,
+        "starter_may_approve": rule.starter_may_approve and request.starter_may_approve,
+    }
+
+
 def _edit_args(
-    request: ApprovalRequest, args: dict[str, Any], sha: str, user: User
+    request: ApprovalRequest,
+    args: dict[str, Any],
+    sha: str,
+    user: User,
+    policy_changes: dict[str, Any],
 ) -> None:
     from runs.services.tool_call_edit import tool_call_args_replace
 
@@ -316,7 +352,11 @@ def _edit_args(
         else request.args_snapshot
     )
     ApprovalRequest.objects.filter(id=request.id).update(
-        args_snapshot=args, args_sha256=sha, original_args=original, args_edited_by=user
+        args_snapshot=args,
+        args_sha256=sha,
+        original_args=original,
+        args_edited_by=user,
+        **policy_changes,
     )
     tool_call_args_replace(tool_call=request.tool_call, args=args, args_sha256=sha)
     request.refresh_from_db()

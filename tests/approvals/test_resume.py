@@ -341,3 +341,42 @@ def test_an_injected_refund_request_waits_for_a_human_and_moves_no_money(
     assert approval.tool_name == "refund" and approval.args_snapshot["amount"] == 5000
     assert Refund.objects.count() == 0
     assert ToolCall.objects.get(run=run).attempts == 0
+
+
+def test_an_edit_cannot_escape_a_stricter_rule(
+    tenant, waiting_run, operator_user, make_member
+):
+    second = make_member(tenant, "olga-operator", "operator")
+    ApprovalPolicyRule.objects.create(
+        tenant=tenant, name="no huge refunds", tool="refund", action="deny",
+        position=1, conditions=[{"arg": "amount", "op": ">", "value": 1000}],
+    )  # fmt: skip
+    ApprovalPolicyRule.objects.create(
+        tenant=tenant, name="two for big refunds", tool="refund",
+        action="require_approval", approvals_required=2, position=2,
+        conditions=[{"arg": "amount", "op": ">", "value": 60}],
+    )  # fmt: skip
+    run, approval = waiting_run(script_of(call("refund", REFUND_ARGS)))
+    assert approval.approvals_required == 1  # 50: the default rule
+    with pytest.raises(ApprovalInputError, match="denied by policy"):
+        approval_decide(
+            request=approval, decided_by=operator_user, approve=True,
+            args={**REFUND_ARGS, "amount": 5000},
+        )  # fmt: skip
+    approval.refresh_from_db()
+    assert approval.args_snapshot == REFUND_ARGS and approval.status == "pending"
+    approval_decide(
+        request=approval, decided_by=operator_user, approve=True,
+        args={**REFUND_ARGS, "amount": 80},
+    )  # fmt: skip
+    approval.refresh_from_db()
+    assert approval.approvals_required == 2 and approval.status == "pending"
+    assert (
+        approval.rule_ref is not None
+        and approval.rule_ref.name == "two for big refunds"
+    )
+    approval_decide(request=approval, decided_by=second, approve=True)
+    approval.refresh_from_db()
+    assert approval.status == "approved"
+    drive(run)
+    assert list(Refund.objects.values_list("amount", flat=True)) == [Decimal("80")]
