@@ -110,10 +110,14 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     async def _on_heartbeat(self) -> None:
         await self._enqueue({"type": "heartbeat"})
 
-    async def _enqueue(self, frame: dict[str, Any]) -> bool:
-        """Queue a frame; a client too slow to keep up is disconnected."""
+    async def _enqueue(self, frame: dict[str, Any], *, wait: bool = False) -> bool:
+        """Queue a frame; a client too slow to keep up with live events is
+        disconnected. Replay from the log (`wait`) is paced by the client."""
         if self.closing:
             return False
+        if wait:
+            await self.queue.put(frame)
+            return True
         try:
             self.queue.put_nowait(frame)
         except asyncio.QueueFull:
@@ -222,7 +226,7 @@ class RunStreamConsumer(_StreamConsumer):
             assert self.last_seq is not None
             page = await database_sync_to_async(self._page)(self.last_seq, upto)
             for event in page:
-                await self._send_event(event)
+                await self._send_event(event, wait=True)
             if len(page) < REPLAY_PAGE:
                 return
 
@@ -232,11 +236,11 @@ class RunStreamConsumer(_StreamConsumer):
             query = query.filter(seq__lte=upto)
         return [event_message(event) for event in query[:REPLAY_PAGE]]
 
-    async def _send_event(self, event: dict[str, Any]) -> None:
+    async def _send_event(self, event: dict[str, Any], *, wait: bool = False) -> None:
         assert self.last_seq is not None
         if event["seq"] != self.last_seq + 1:
             return
-        if await self._enqueue({"type": "event", "event": event}):
+        if await self._enqueue({"type": "event", "event": event}, wait=wait):
             self.last_seq = event["seq"]
 
     async def _deliver(self, event: dict[str, Any]) -> None:
@@ -320,14 +324,14 @@ class TenantStreamConsumer(_StreamConsumer):
         while not self.closing:
             events = await database_sync_to_async(page)(self.last_id)
             for event in events:
-                await self._send(event)
+                await self._send(event, wait=True)
             if len(events) < REPLAY_PAGE:
                 return
 
-    async def _send(self, event: dict[str, Any]) -> None:
+    async def _send(self, event: dict[str, Any], *, wait: bool = False) -> None:
         if self.last_id is not None and event["id"] <= self.last_id:
             return
-        if await self._enqueue({"type": "event", "event": event}):
+        if await self._enqueue({"type": "event", "event": event}, wait=wait):
             self.last_id = event["id"]
 
     async def run_event(self, message: dict[str, Any]) -> None:

@@ -256,3 +256,37 @@ async def test_the_stream_of_a_real_run_carries_spans_with_secrets_redacted(
     )()
     assert leaked not in stored
     await ws.disconnect()
+
+
+async def test_a_client_that_does_not_drain_is_closed_with_its_last_seq(
+    run: Run, admin_user: Any, secret_for: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.conf import settings
+
+    from tracing.consumers import RunStreamConsumer
+
+    secret = await sync_to_async(secret_for)(admin_user, run.tenant)
+    bystander = communicator(f"/ws/runs/{run.id}/?after_seq=0", secret)
+    assert (await bystander.connect())[0]
+    monkeypatch.setattr(settings, "STREAM_QUEUE_EVENTS", 4)
+    release = asyncio.Event()
+    real_loop = RunStreamConsumer._send_loop
+
+    async def stalled(self: Any) -> None:
+        await release.wait()  # the client's socket takes nothing for now
+        await real_loop(self)
+
+    monkeypatch.setattr(RunStreamConsumer, "_send_loop", stalled)
+    slow = communicator(f"/ws/runs/{run.id}/?after_seq=0", secret)
+    assert (await slow.connect())[0]
+    await asyncio.sleep(0.2)
+    await append(run, 10)
+    error = await slow.receive_json_from(timeout=5)
+    assert error["code"] == 4408 and error["last_seq"] == 3  # hello + 1..3 queued
+    assert (await slow.receive_output())["code"] == 4408
+    # The other client got everything.
+    assert [f["seq"] for f in await frames(bystander, until_seq=10)] == list(
+        range(1, 11)
+    )
+    release.set()
+    await bystander.disconnect()
