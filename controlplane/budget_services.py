@@ -37,7 +37,7 @@ from controlplane.budget_models import (
 from controlplane.models import Tenant
 from controlplane.services import audit_record
 from runs.engine.budget import BudgetLimits, BudgetVector, ModelPrice
-from runs.engine.stop import StopReason
+from runs.engine.stop import BUDGET_STOP_REASONS, StopReason
 
 if TYPE_CHECKING:
     from runs.engine.actions import ModelReply
@@ -489,6 +489,18 @@ def run_usage_against_caps(run: Run) -> dict[str, dict[str, Any]]:
         "wall_seconds": (round(wall, 3), limits.max_wall_seconds),
     }
     return {name: {"used": used, "cap": cap} for name, (used, cap) in pairs.items()}
+
+
+def budget_run_ended(
+    *, run: Run, reason: StopReason, dimension: str = "", detail: str = ""
+) -> None:
+    """The run ended: release what it still holds, say so if a run cap stopped it
+    (the ledger already said so for a tenant limit), and free its slot."""
+    budget_release_for_run(run_id=run.pk)
+    if not dimension and reason in BUDGET_STOP_REASONS:
+        payload = {"dimension": str(reason), "detail": detail, "kind": "run_cap"}
+        _event(run, "budget.exhausted", payload)
+    runs_start_queued(tenant_id=run.tenant_id)
 
 
 def budget_release_run(*, run_id: Any) -> int:

@@ -25,8 +25,7 @@ from controlplane.budget_services import (
     budget_after_tool_call,
     budget_before_model_call,
     budget_before_tool_call,
-    budget_release_run,
-    runs_start_queued,
+    budget_run_ended,
     stop_reason_for,
 )
 from runs.engine.actions import (
@@ -582,8 +581,8 @@ def _finish(
         )
         if dimension:  # the exact tenant budget dimension, not the engine's nearest
             run_save(ctx.run, stop_reason=dimension)
-    budget_release_run(run_id=ctx.run.id)
-    runs_start_queued(tenant_id=ctx.run.tenant_id)  # its slot frees now
+    # Releases what the run still reserves and frees its concurrency slot.
+    budget_run_ended(run=ctx.run, reason=reason, dimension=dimension, detail=detail)
     raise StepEnded("finished")
 
 

@@ -291,3 +291,25 @@ def test_run_api_shows_usage_against_caps(
     assert body["budget"]["steps"] == {"used": 1, "cap": 50}
     assert body["budget"]["cost"] == {"used": "0.020000", "cap": "1.5"}
     assert body["budget"]["input_tokens"] == {"used": 10, "cap": None}
+
+
+def test_a_model_that_never_stops_ends_at_the_tenant_step_ceiling_with_an_event(
+    tenant, make_budget, scripted_agent, scripted_price, paid_tool, drive_run
+):
+    """Scenario 14: 10 turns allowed; the 11th model call is never made."""
+    endless = [
+        {"tool_calls": [{"id": f"c{i}", "name": "paid_lookup",
+                         "arguments": {"q": str(i)}}],
+         "usage": {"input_tokens": 10, "output_tokens": 5}}
+        for i in range(30)
+    ]  # fmt: skip
+    make_budget(tenant, run_caps={"max_steps": 10})
+    scripted_agent(endless, ["paid_lookup"])
+    run = drive_run(start(tenant))
+    assert (run.status, run.stop_reason) == ("budget_exhausted", "max_steps")
+    assert Step.objects.filter(run=run).count() == 10
+    assert len(paid_tool) == 10
+    [exhausted] = events(run, "budget.exhausted")
+    assert exhausted.payload["dimension"] == "max_steps"
+    assert exhausted.payload["kind"] == "run_cap"
+    assert not BudgetLedgerEntry.objects.filter(status="reserved").exists()
