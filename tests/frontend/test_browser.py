@@ -266,3 +266,40 @@ def test_lost_socket_shows_reconnecting_and_after_reconnect_holds_every_span_onc
         assert state["placed"] == len(stored)
     finally:
         server.stop()
+
+
+def test_admin_edits_the_budget_with_server_validation_and_finds_it_in_the_audit_log(
+    tenant: Any, admin_user: Any, open_page: Any
+) -> None:
+    from controlplane.budget_models import Budget
+
+    page = open_page(admin_user, "/budget/")
+    expect(page.get_by_role("meter", name="Runs").first).to_be_visible()
+    runs_per_day = page.locator("fieldset", has_text="Per day").get_by_label("Runs")
+    runs_per_day.fill("1.5")
+    page.get_by_role("button", name="Save limits").click()
+    error = page.locator("#budget-day-runs-error")
+    expect(error).to_contain_text("integer")  # the server's message, at the field
+    expect(runs_per_day).to_have_attribute("aria-invalid", "true")
+    assert not Budget.objects.filter(tenant=tenant, version__gte=1).exists()
+    runs_per_day.fill("40")
+    page.locator("fieldset", has_text="Per day").get_by_label("Cost").fill("12.50")
+    page.get_by_role("button", name="Save limits").click()
+    expect(page.locator("#budget-saved")).to_have_text("Saved.")
+    expect(error).to_have_text("")
+    budget = Budget.objects.get(tenant=tenant)
+    assert budget.period_limits["day"]["runs"] == 40
+    expect(page.get_by_role("meter", name="Runs").first).to_have_attribute(
+        "aria-valuetext", re.compile("of 40")
+    )
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.screenshot(path=str(SCREENSHOTS / "budget.png"))
+
+    page.goto("/audit/")
+    page.get_by_label("Action").fill("budget.update")
+    page.get_by_role("button", name="Search").click()
+    rows = page.locator("#audit-body tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text(admin_user.username)
+    page.get_by_label("Text").fill("no-such-thing")
+    expect(rows.first).to_contain_text("No audit entries match")

@@ -1,5 +1,6 @@
-// Budget: the tenant's limits and usage per period as gauges; admins edit the
-// limits (the server validates; its messages appear next to the fields).
+// Budget: the tenant's period limits and usage as gauges, per-run caps and the
+// concurrency limit; admins edit them (the server validates, its messages show
+// next to the fields).
 
 import { api, ApiError } from "./api.js";
 import { el, money } from "./format.js";
@@ -9,79 +10,98 @@ const root = document.getElementById("budget-root");
 const isAdmin = root.dataset.admin === "1";
 let budget = null;
 
+const PERIOD_LABEL = { day: "Today", month: "This month" };
+const DIM_LABEL = {
+  input_tokens: "Input tokens", output_tokens: "Output tokens", cost: "Cost", runs: "Runs",
+  max_steps: "Steps", max_tool_calls: "Tool calls", max_input_tokens: "Input tokens",
+  max_output_tokens: "Output tokens", max_cost: "Cost", max_wall_seconds: "Wall time (s)",
+};
+const isCost = (name) => name === "cost" || name === "max_cost";
+const fmtFor = (name) => (isCost(name) ? money : (v) => Number(v).toLocaleString());
+const fieldId = (path) => `budget-${path.replace(/[^a-zA-Z0-9_]/g, "-")}`;
+
 function problem(text) {
   const box = document.getElementById("budget-error");
   box.hidden = !text;
   box.textContent = text || "";
 }
 
-// Leaves of an object as dotted paths: {"day.cost": 5, ...}
-function leaves(value, prefix = "", out = {}) {
-  if (value && typeof value === "object" && !Array.isArray(value)) {
-    for (const [k, v] of Object.entries(value)) leaves(v, prefix ? `${prefix}.${k}` : k, out);
-  } else out[prefix] = value;
-  return out;
-}
-
-function setPath(target, path, value) {
-  const keys = path.split(".");
-  let node = target;
-  for (const k of keys.slice(0, -1)) node = node[k] = node[k] || {};
-  node[keys.at(-1)] = value;
-}
-
-const fieldId = (path) => `budget-${path.replace(/[^a-zA-Z0-9_]/g, "-")}`;
-const isCost = (path) => /cost|usd|money|spend/i.test(path);
-const label = (path) => path.replace(/\./g, " · ").replace(/_/g, " ");
-
-function limitsOf(data) { return data.limits ?? data.limit ?? null; }
-function usageOf(data) { return data.usage ?? data.used ?? data.spent ?? null; }
-
 function render() {
-  const gauges = document.getElementById("gauges");
-  const limits = limitsOf(budget);
-  const usage = usageOf(budget);
-  if (!limits) {
-    gauges.replaceChildren(el("pre", { text: JSON.stringify(budget, null, 2) }));
-    return;
+  const limits = budget.limits || {};
+  const usage = budget.usage || {};
+  const reserved = budget.reserved || {};
+  const sections = [];
+  for (const period of Object.keys(PERIOD_LABEL)) {
+    if (!limits[period]) continue;
+    const rows = Object.entries(limits[period]).map(([name, cap]) => {
+      const used = Number(usage[period]?.[name] ?? 0);
+      const held = Number(reserved[period]?.[name] ?? 0);
+      const g = gauge(DIM_LABEL[name] || name, used, cap == null ? null : Number(cap), fmtFor(name));
+      if (held) g.querySelector(".g-text").textContent += ` · ${fmtFor(name)(held)} reserved`;
+      return g;
+    });
+    sections.push(el("h3", { class: "h3", text: `${PERIOD_LABEL[period]} (${budget.period_mode || "calendar"})` }), el("div", { class: "gauges" }, ...rows));
   }
-  const limitLeaves = leaves(limits);
-  const usageLeaves = usage ? leaves(usage) : {};
-  const rows = Object.entries(limitLeaves).filter(([, v]) => v === null || typeof v === "number" || (typeof v === "string" && v !== "" && !Number.isNaN(Number(v))));
-  gauges.replaceChildren(...rows.map(([path, cap]) => {
-    const used = Number(usageLeaves[path] ?? usageLeaves[path.replace(/^max_/, "")] ?? 0);
-    return gauge(label(path), used, cap == null ? null : Number(cap), isCost(path) ? money : String);
-  }));
-  if (isAdmin) renderForm(limitLeaves);
+  if ("max_concurrent_runs" in limits) {
+    sections.push(el("h3", { class: "h3", text: "Concurrency" }), el("div", { class: "gauges" },
+      gauge("Active runs", Number(usage.max_concurrent_runs ?? 0), limits.max_concurrent_runs, String)));
+  }
+  if (limits.run) {
+    sections.push(el("h3", { class: "h3", text: "Ceiling on each run's caps" }), el("dl", { class: "caps" },
+      ...Object.entries(limits.run).flatMap(([name, cap]) => [el("dt", { text: DIM_LABEL[name] || name }), el("dd", { text: cap == null ? "no cap" : fmtFor(name)(cap) })])));
+  }
+  sections.push(el("p", { class: "muted small", text: `Unknown model prices: ${budget.allow_unknown_price ? "allowed (tokens counted, cost unbounded)" : "refused"}` }));
+  document.getElementById("gauges").replaceChildren(...sections);
+  if (isAdmin) renderForm();
 }
 
-function renderForm(limitLeaves) {
-  const holder = document.getElementById("budget-fields");
-  holder.replaceChildren(...Object.entries(limitLeaves).filter(([, v]) => typeof v !== "boolean" && typeof v !== "object" || v === null).map(([path, value]) => {
-    const id = fieldId(path);
-    return el("div", { class: "field" },
-      el("label", { for: id, text: label(path) }),
-      el("input", { id, name: path, inputmode: "decimal", value: value == null ? "" : String(value), placeholder: "no limit", "aria-describedby": `${id}-error` }),
-      el("p", { class: "field-error", id: `${id}-error`, role: "alert" }));
-  }));
+function input(path, value, label, { integer }) {
+  const id = fieldId(path);
+  return el("div", { class: "field" },
+    el("label", { for: id, text: label }),
+    el("input", { id, name: path, inputmode: integer ? "numeric" : "decimal", "data-integer": integer ? "1" : "0",
+      value: value == null ? "" : String(value), placeholder: "no limit", "aria-describedby": `${id}-error` }),
+    el("p", { class: "field-error", id: `${id}-error`, role: "alert" }));
+}
+
+function renderForm() {
+  const limits = budget.limits || {};
+  const groups = [];
+  for (const group of ["day", "month", "run"]) {
+    if (!limits[group]) continue;
+    const title = group === "run" ? "Each run at most" : `Per ${group}`;
+    groups.push(el("fieldset", {}, el("legend", { text: title }),
+      ...Object.entries(limits[group]).map(([name, value]) =>
+        input(`${group}.${name}`, value, DIM_LABEL[name] || name, { integer: !isCost(name) && name !== "max_wall_seconds" }))));
+  }
+  const mode = el("select", { id: "budget-period_mode", name: "period_mode", "aria-describedby": "budget-period_mode-error" },
+    ...["calendar", "rolling"].map((m) => el("option", { value: m, text: m, selected: budget.period_mode === m })));
+  const unknown = el("input", { type: "checkbox", id: "budget-allow_unknown_price", name: "allow_unknown_price", checked: !!budget.allow_unknown_price });
+  groups.push(el("fieldset", {}, el("legend", { text: "Tenant" }),
+    input("max_concurrent_runs", limits.max_concurrent_runs, "Concurrent runs", { integer: true }),
+    el("div", { class: "field" }, el("label", { for: "budget-period_mode", text: "Periods" }), mode,
+      el("p", { class: "field-error", id: "budget-period_mode-error", role: "alert" })),
+    el("div", { class: "field check" }, unknown, el("label", { for: "budget-allow_unknown_price", text: "Allow models without a known price" }))));
+  document.getElementById("budget-fields").replaceChildren(...groups);
 }
 
 function clearErrors() {
   for (const n of document.querySelectorAll("#budget-form .field-error")) n.textContent = "";
   for (const n of document.querySelectorAll("#budget-form [aria-invalid]")) n.removeAttribute("aria-invalid");
   document.getElementById("budget-form-error").textContent = "";
+  document.getElementById("budget-saved").textContent = "";
 }
 
 function showErrors(error) {
-  const fields = leaves(error.fields || {});
   let placed = false;
-  for (const [path, messages] of Object.entries(fields)) {
-    const clean = path.replace(/^limits\./, "").replace(/\.\d+$/, "");
+  for (const [path, messages] of Object.entries(error.fields || {})) {
+    const clean = path.replace(/^limits\./, "");
     const id = fieldId(clean);
     const target = document.getElementById(`${id}-error`);
     const text = Array.isArray(messages) ? messages.join(" ") : String(messages);
-    if (target) { target.textContent += `${text} `; document.getElementById(id)?.setAttribute("aria-invalid", "true"); placed = true; }
-    else { document.getElementById("budget-form-error").textContent += `${clean}: ${text} `; placed = true; }
+    if (target) { target.textContent = text; document.getElementById(id)?.setAttribute("aria-invalid", "true"); document.getElementById(id)?.focus(); }
+    else document.getElementById("budget-form-error").textContent += `${clean}: ${text} `;
+    placed = true;
   }
   if (!placed) document.getElementById("budget-form-error").textContent = error.message;
 }
@@ -90,30 +110,30 @@ document.getElementById("budget-form")?.addEventListener("submit", async (event)
   event.preventDefault();
   clearErrors();
   const limits = {};
-  let bad = false;
-  for (const input of document.querySelectorAll("#budget-fields input")) {
-    const raw = input.value.trim();
+  for (const field of document.querySelectorAll("#budget-fields input[data-integer]")) {
+    const raw = field.value.trim();
     let value = null;
-    if (raw !== "") {
-      value = Number(raw);
-      if (Number.isNaN(value) || value < 0) {
-        document.getElementById(`${input.id}-error`).textContent = "Enter a number ≥ 0, or leave empty for no limit.";
-        input.setAttribute("aria-invalid", "true");
-        bad = true;
-        continue;
-      }
-      if (isCost(input.name)) value = raw; // decimals travel as strings
-    }
-    setPath(limits, input.name, value);
+    if (raw !== "") value = field.dataset.integer === "1" && /^-?\d+$/.test(raw) ? Number(raw) : (Number.isNaN(Number(raw)) ? raw : Number(raw));
+    if (isCost(field.name.split(".").at(-1)) && raw !== "") value = raw; // decimals travel as text
+    const [group, name] = field.name.includes(".") ? field.name.split(".") : [null, field.name];
+    if (group) (limits[group] = limits[group] || {})[name] = value; else limits[name] = value;
   }
-  if (bad) return;
-  const body = "limits" in budget ? { limits } : limits;
+  const body = {
+    period_mode: document.getElementById("budget-period_mode").value,
+    allow_unknown_price: document.getElementById("budget-allow_unknown_price").checked,
+    limits,
+  };
+  const save = document.getElementById("budget-save");
+  save.disabled = true;
   try {
     budget = await api("/api/v1/budget/", { method: "PUT", body });
-    document.getElementById("budget-saved").textContent = "Saved.";
     render();
+    document.getElementById("budget-saved").textContent = "Saved.";
   } catch (error) {
-    if (error instanceof ApiError) showErrors(error); else problem(error.message);
+    if (error instanceof ApiError && error.status === 400) showErrors(error);
+    else problem(`Could not save: ${error.message}`);
+  } finally {
+    save.disabled = false;
   }
 });
 
@@ -122,5 +142,4 @@ try {
   render();
 } catch (error) {
   document.getElementById("gauges").replaceChildren(el("p", { class: "muted", text: error.status === 404 ? "Budgets are not configured on this server yet." : `Could not load the budget: ${error.message}` }));
-  if (error.status && error.status !== 404) problem(error.message);
 }
