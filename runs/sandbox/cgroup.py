@@ -170,6 +170,11 @@ class RunCgroup:
         for path in self.procs_files:
             _write(Path(path), str(pid))
 
+    def holds(self, pids: list[int]) -> bool:
+        """True if every hierarchy of the run lists every one of `pids`."""
+        wanted = set(pids)
+        return all(wanted <= set(_procs(d)) for d in self.dirs.values())
+
     @property
     def procs_files(self) -> list[str]:
         """Every cgroup.procs the launcher must join, v1 first, v2 last."""

@@ -295,7 +295,8 @@ class _Run:
         for an RCU grace period (~13 ms measured here), which this overlaps with the
         interpreter's start-up. The init spawns nothing until released, so the
         workload and everything it forks are born inside the cgroups; only the
-        start-up memory of bwrap and the init stays charged outside.
+        start-up memory of bwrap and the init stays charged outside. Before the
+        release, every cgroup.procs is read back to check that it lists them all.
         """
         if self.cgroup is None:
             return
@@ -315,12 +316,14 @@ class _Run:
             # init waits for us, so the tree is complete once that child is in.
             complete = len(tree) > 1 or not self.caps.bwrap_works
             if complete and not new:
-                return
+                if self.cgroup.holds(tree):
+                    return
+                moved.clear()  # read back and not there: move them all again
             if proc.poll() is not None:
                 return
             if time.monotonic() >= deadline:
                 raise SandboxUnavailable(["cgroup"], "sandbox did not start in time")
-            if not complete:
+            if not complete or not new:
                 time.sleep(0.0002)
 
     def _watch(

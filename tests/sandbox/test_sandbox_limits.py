@@ -6,9 +6,15 @@ import threading
 import time
 from pathlib import Path
 
-from runs.sandbox import Limits, SandboxSettings, SandboxSpec, run_in_sandbox
+from runs.sandbox import (
+    Limits,
+    SandboxResult,
+    SandboxSettings,
+    SandboxSpec,
+    run_in_sandbox,
+)
 
-from .conftest import run_python, sandbox_processes
+from .conftest import PYTHON, run_python, sandbox_cgroups, sandbox_processes
 
 TREE = """
 import os, signal, subprocess, time
@@ -151,3 +157,28 @@ def test_sandbox_env_and_rlimits_reported(
     assert e["cgroup"] == "hybrid"
     assert e["cgroup_kill"] and e["memory_limit"] and e["pids_limit"] and e["cpu_quota"]
     assert e["oom_group"] is False  # v1 memory has no group OOM
+
+
+def test_every_sandbox_process_is_inside_the_run_cgroups(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    code = "import os, time\nos.fork()\ntime.sleep(1)"  # the workload and a child
+    spec = SandboxSpec(argv=[PYTHON, "-c", code], workspace=workspace)
+    results: list[SandboxResult] = []
+    worker = threading.Thread(
+        target=lambda: results.append(run_in_sandbox(spec, settings))
+    )
+    worker.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(sandbox_processes()) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)  # bwrap, init, workload and its child
+        running = {int(line.split(":")[0]) for line in sandbox_processes()}
+        run_dirs = sandbox_cgroups(settings.cgroup_group)
+        assert len(run_dirs) == 4 and len(running) >= 4
+        for d in run_dirs:
+            listed = {int(x) for x in (d / "cgroup.procs").read_text().split()}
+            assert running <= listed, d
+    finally:
+        worker.join()
+    assert results[0].ok
