@@ -173,7 +173,9 @@ def budget_reserve(
                     _reserve_calendar(budget, ids, amounts)
                 return entry
         except _Refused as refused:
-            return refused.refusal
+            if refused.refusal.dimension:
+                return refused.refusal
+    # Refused without a name (the fast path, or a bucket gone): rolled back by now.
     counters = list(BudgetCounter.objects.filter(id__in=ids.values()))
     if len(counters) < len(PERIODS):  # a cached bucket went away: look again
         _COUNTER_IDS.clear()
@@ -342,7 +344,9 @@ def _reserve_calendar(budget: Budget, ids: dict[str, int], amounts: Amounts) -> 
             **increments
         )
         if not updated:
-            counter = BudgetCounter.objects.get(id=ids[period])
+            counter = BudgetCounter.objects.filter(id=ids[period]).first()
+            if counter is None:  # a cached bucket went away
+                raise _Refused(BudgetRefusal("", ""))
             raise _Refused(_which(counter_totals(counter), limits, amounts, period))
 
 
@@ -361,8 +365,10 @@ def _reserve_rolling(
                 raise _Refused(_which(totals, limits, amounts, period))
     increments = _increments("reserved", amounts)
     for period in PERIODS:
-        if increments:
+        if increments and not (
             BudgetCounter.objects.filter(id=ids[period]).update(**increments)
+        ):
+            raise _Refused(BudgetRefusal("", ""))  # a cached bucket went away
 
 
 def _which(

@@ -250,3 +250,14 @@ def test_concurrent_reservations_never_overspend(tenant, make_budget, mode):
     assert window_totals(tenant.pk, mode, "day", timezone.now())["cost"] == Decimal(
         "0.70"
     )
+
+
+@pytest.mark.parametrize("mode", ["calendar", "rolling"])
+def test_a_bucket_deleted_behind_the_cache_is_created_again(tenant, make_budget, mode):
+    budget = make_budget(tenant, period_mode=mode, period_limits={"day": {"runs": 5}})
+    one = Amounts(runs=1)
+    budget_reserve(budget=budget, run_id=uuid.uuid4(), kind="run", amounts=one)
+    BudgetCounter.objects.all().delete()
+    entry = budget_reserve(budget=budget, run_id=uuid.uuid4(), kind="run", amounts=one)
+    assert isinstance(entry, BudgetLedgerEntry)
+    assert [c.reserved_runs for c in BudgetCounter.objects.order_by("period")] == [1, 1]
