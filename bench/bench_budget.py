@@ -33,8 +33,8 @@ ROUNDS = 3
 DEFAULT_POSTGRES = "postgres://postgres@127.0.0.1:5432/bench_budget"
 
 
-def hammer(operation: Any) -> dict[str, float]:
-    """Run `operation` in WRITERS processes for SECONDS; ops/s and latency in ms.
+def hammer(operation: Any, writers: int = WRITERS) -> dict[str, Any]:
+    """Run `operation` in `writers` processes for SECONDS; ops/s, latency in ms.
 
     Processes, not threads: real workers are processes, and threads would measure
     the GIL (a row lock held while its holder waits for the interpreter)."""
@@ -44,7 +44,7 @@ def hammer(operation: Any) -> dict[str, float]:
 
     connections.close_all()  # each forked writer opens its own connection
     context = multiprocessing.get_context("fork")
-    barrier = context.Barrier(WRITERS + 1)
+    barrier = context.Barrier(writers + 1)
     results = context.Queue()
 
     def writer() -> None:
@@ -59,7 +59,7 @@ def hammer(operation: Any) -> dict[str, float]:
         connections.close_all()
         results.put(mine)
 
-    processes = [context.Process(target=writer) for _ in range(WRITERS)]
+    processes = [context.Process(target=writer) for _ in range(writers)]
     for process in processes:
         process.start()
     barrier.wait()
@@ -130,6 +130,9 @@ def measure(database_url: str) -> dict[str, Any]:
         rounds["plain"].append(hammer(plain_update))
         rounds["calendar"].append(hammer(reserve_and_settle))
     figures: dict[str, Any] = {key: merged(runs) for key, runs in rounds.items()}
+    # One writer: the latency floor on this machine, without contention.
+    figures["plain_1"] = hammer(plain_update, writers=1)
+    figures["calendar_1"] = hammer(reserve_and_settle, writers=1)
     budget.period_mode = Budget.PeriodMode.ROLLING
     budget.save()
     figures["rolling"] = hammer(reserve_and_settle)
@@ -139,7 +142,8 @@ def measure(database_url: str) -> dict[str, Any]:
     used = sum(c.used_input_tokens for c in day)
     reserved = sum(c.reserved_input_tokens for c in day)
     figures["consistent"] = used == settled * actual.input_tokens and reserved == 0
-    figures["rolling"].pop("latencies_ms")
+    for key in ("rolling", "plain_1", "calendar_1"):
+        figures[key].pop("latencies_ms")
     return figures
 
 
@@ -185,6 +189,8 @@ def main() -> None:
         "plain": "plain single-row update (baseline)",
         "calendar": "reserve + settle, calendar periods",
         "rolling": "reserve + settle, rolling windows",
+        "plain_1": "plain update, 1 writer",
+        "calendar_1": "reserve + settle (calendar), 1 writer",
     }
     for key, name in names.items():
         f = figures[key]
