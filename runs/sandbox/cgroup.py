@@ -58,14 +58,6 @@ class CgroupLayout:
             return cls(mode="v1", v1_roots=v1)
         return cls(mode="none")
 
-    def controller_dir(self, controller: str, group: str) -> Path | None:
-        """The group directory that limits `controller`, preferring v2."""
-        if self.v2_root is not None and controller in self.v2_controllers:
-            return self.v2_root / group
-        if controller in self.v1_roots:
-            return self.v1_roots[controller] / group
-        return None
-
     def group_dirs(self, group: str) -> list[Path]:
         dirs = [self.v1_roots[c] / group for c in sorted(self.v1_roots)]
         if self.v2_root is not None:
