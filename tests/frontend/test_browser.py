@@ -303,3 +303,48 @@ def test_admin_edits_the_budget_with_server_validation_and_finds_it_in_the_audit
     expect(rows.first).to_contain_text(admin_user.username)
     page.get_by_label("Text").fill("no-such-thing")
     expect(rows.first).to_contain_text("No audit entries match")
+
+
+def test_start_form_shows_the_servers_messages_and_the_list_filters(
+    shop: Any, operator_user: Any, open_page: Any
+) -> None:
+    page = open_page(operator_user, "/runs/")
+    page.get_by_role("button", name="Start run").click()
+    expect(page.locator("#start-input-error")).to_contain_text("Say what")
+    assert not Run.objects.exists()
+    # A value the form does not offer: the server's answer lands at the field.
+    page.evaluate(
+        """() => { const s = document.getElementById('start-agent');
+        s.append(new Option('ghost', 'ghost')); s.value = 'ghost'; }"""
+    )
+    page.get_by_label("Input").fill("hello")
+    page.get_by_role("button", name="Start run").click()
+    expect(page.locator("#start-agent-error")).to_contain_text("ghost")
+    expect(page.get_by_label("Agent to run")).to_have_attribute("aria-invalid", "true")
+    assert not Run.objects.exists()
+    page.get_by_label("Agent to run").select_option("kettlecraft-support")
+    page.get_by_role("button", name="Start run").click()
+    rows = page.locator("#runs-body tr[data-run]")
+    expect(rows).to_have_count(1)
+    expect(page.locator("#start-agent-error")).to_have_text("")
+    page.get_by_label("Text").fill("no such words")
+    expect(rows).to_have_count(0)
+    page.get_by_label("Text").fill("hello")
+    expect(rows).to_have_count(1)
+    page.get_by_label("Status").select_option("succeeded")
+    expect(rows).to_have_count(0)
+
+
+def test_operator_cancels_a_waiting_run_from_its_page(
+    shop: Any, operator_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    run = waiting_run(shop, operator_user)
+    page = open_page(operator_user, f"/runs/{run.id}/")
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Cancel run").click()
+    expect(page.locator("#run-status")).to_contain_text("cancelled")
+    expect(page.get_by_role("button", name="Cancel run")).to_be_hidden()
+    expect(page.get_by_role("button", name="Approve create_replacement")).to_have_count(
+        0
+    )
+    assert Run.objects.get(id=run.id).status == Run.Status.CANCELLED

@@ -24,6 +24,9 @@ async function load() {
   try {
     const rows = rowsOf(await api("/api/v1/approvals/?status=pending&limit=500"));
     rows.sort((a, b) => Date.parse(a.requested_at) - Date.parse(b.requested_at));
+    // A request whose run already ended has nothing left to decide.
+    const ended = new Set(["succeeded", "failed", "unverified", "budget_exhausted", "policy_blocked", "cancelled"]);
+    rows.splice(0, rows.length, ...rows.filter((a) => !ended.has(a.run_status)));
     const focusedId = items[active]?.id;
     items = rows;
     const keep = items.findIndex((a) => a.id === focusedId);

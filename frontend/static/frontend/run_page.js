@@ -42,6 +42,7 @@ document.getElementById("tree").addEventListener("focus", () => { if (view.activ
 
 function pendingApprovalFor(node) {
   const a = node.s.attributes || {};
+  if (run && TERMINAL_RUN.has(run.status)) return null; // nothing left to decide
   if (!node.s.name.startsWith("approval")) return null;
   const callId = a["gen_ai.tool.call.id"];
   for (const approval of approvals.values()) {
@@ -68,7 +69,8 @@ async function loadApprovals() {
 
 function renderBanner() {
   const banner = document.getElementById("approval-banner");
-  const pending = [...approvals.values()].filter((a) => a.status === "pending");
+  const over = run && TERMINAL_RUN.has(run.status);
+  const pending = over ? [] : [...approvals.values()].filter((a) => a.status === "pending");
   banner.hidden = !pending.length;
   banner.replaceChildren(...pending.map((approval) => {
     const node = approvalNode(approval);
@@ -141,6 +143,10 @@ async function loadRun() {
 const refreshRun = throttle(loadRun, 1000);
 
 function renderRun() {
+  if (TERMINAL_RUN.has(run.status) && renderRun.shown !== run.status) {
+    renderRun.shown = run.status;
+    loadApprovalsSoon(); // a finished run's approvals may have been cancelled
+  }
   document.getElementById("run-status").replaceChildren(statusBadge(run.status));
   document.getElementById("run-title").textContent = `${run.agent} · ${run.id.slice(0, 8)}`;
   const end = run.finished_at;
@@ -172,7 +178,13 @@ function renderBurn() {
 document.getElementById("cancel-run")?.addEventListener("click", async (event) => {
   if (!confirm("Cancel this run? Work in progress stops at the next safe point.")) return;
   event.target.disabled = true;
-  try { run = await api(`/api/v1/runs/${runId}/cancel/`, { method: "POST" }); renderRun(); flash("Cancelled.", "notice"); }
+  try {
+    run = { ...run, ...(await api(`/api/v1/runs/${runId}/cancel/`, { method: "POST" })) };
+    renderRun();
+    renderBanner();
+    view.schedule();
+    flash("Cancelled.", "notice");
+  }
   catch (error) { flash(`Could not cancel: ${error.message}`); loadRun(); }
   finally { event.target.disabled = false; }
 });
