@@ -1,16 +1,17 @@
-"""Send events to the channel layer from sync code without waiting on Redis.
+"""Send events to the channel layer from sync code over one long-lived loop.
 
 `async_to_sync(layer.group_send)` from a plain thread builds an event loop (and
-channels-redis a connection pool) per call, a cost paid inside every span. One
-background thread per process owns a loop and sends queued messages in order;
-writers only enqueue. A message still queued when the process dies is lost to
-the layer, never to a client: the log is the record and streams refill gaps.
+channels-redis a connection pool) per call. One background thread per process
+owns a loop and its pooled connections; a writer hands its message over and
+waits for the send (bounded), so messages leave in commit order with the
+latency of one Redis round trip. A send that fails or times out is logged: the
+log is the record and streams refill gaps from it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
+import concurrent.futures
 import logging
 import os
 import threading
@@ -22,51 +23,37 @@ __all__ = ["broadcaster"]
 
 logger = logging.getLogger(__name__)
 
+SEND_TIMEOUT_SECONDS = 2.0
+
 
 class Broadcaster:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.pending = 0
-        self.idle = threading.Condition()
         self.thread = threading.Thread(
-            target=self._run, name="run-event-broadcast", daemon=True
+            target=self.loop.run_forever, name="run-event-broadcast", daemon=True
         )
         self.thread.start()
-        self.ready.wait(10)
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.queue: asyncio.Queue[tuple[list[str], dict[str, Any]]] = asyncio.Queue()
-        self.loop.create_task(self._drain())
-        self.ready.set()
-        self.loop.run_forever()
-
-    async def _drain(self) -> None:
+    async def _send(self, groups: list[str], message: dict[str, Any]) -> None:
         layer = get_channel_layer()
-        while True:
-            groups, message = await self.queue.get()
-            try:
-                if layer is not None:
-                    for group in groups:
-                        await layer.group_send(group, message)
-            except Exception:  # noqa: BLE001 - the layer is best effort
-                logger.warning("broadcast to %s failed", groups, exc_info=True)
-            finally:
-                with self.idle:
-                    self.pending -= 1
-                    self.idle.notify_all()
+        if layer is None:
+            return
+        for group in groups:
+            await layer.group_send(group, message)
 
     def send(self, groups: list[str], message: dict[str, Any]) -> None:
-        with self.idle:
-            self.pending += 1
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (groups, message))
-
-    def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until everything queued so far was handed to the layer."""
-        with self.idle:
-            return self.idle.wait_for(lambda: self.pending == 0, timeout)
+        future = asyncio.run_coroutine_threadsafe(
+            self._send(groups, message), self.loop
+        )
+        try:
+            future.result(SEND_TIMEOUT_SECONDS)
+        except concurrent.futures.TimeoutError:
+            logger.warning(
+                "broadcast to %s timed out; streams refill from the log", groups
+            )
+        except Exception:  # noqa: BLE001 - the layer is best effort
+            logger.warning("broadcast to %s failed", groups, exc_info=True)
 
 
 _lock = threading.Lock()
@@ -79,6 +66,4 @@ def broadcaster() -> Broadcaster:
     with _lock:
         if _broadcaster is None or _broadcaster.pid != os.getpid():
             _broadcaster = Broadcaster()
-            # A short-lived process (a CLI, a script) hands over what it queued.
-            atexit.register(_broadcaster.flush, 2.0)
         return _broadcaster
