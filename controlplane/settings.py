@@ -6,6 +6,7 @@ Every default runs on a laptop: SQLite, an embedded Redis started by
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,10 @@ def _database(url: str) -> dict[str, Any]:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
         # Tests that start a real worker need a file both processes can open.
-        config["TEST"] = {"NAME": str(BASE_DIR / ".run" / "test-db.sqlite3")}
+        # One file per test process, so parallel test sessions never share it.
+        config["TEST"] = {
+            "NAME": str(BASE_DIR / ".run" / f"test-db-{os.getpid()}.sqlite3")
+        }
     return config
 
 
