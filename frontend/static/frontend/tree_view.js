@@ -139,7 +139,7 @@ export class TreeView {
     if (approval) {
       const args = JSON.stringify(approval.args ?? {});
       extra = `<span class="approval-inline"><span class="args" title="${esc(args)}">${esc(args.slice(0, 120))}</span>`
-        + `<span class="rule" title="rule that asked">${esc(approval.rule_reason || approval.rule || "")}</span>`
+        + `<span class="rule" title="the rule that asked: ${esc(approval.rule_reason || approval.rule || "")}">rule: ${esc(approval.rule_reason || approval.rule || "")}</span>`
         + `<span class="left" data-expires="${esc(approval.expires_at)}">${esc(timeLeft(approval.expires_at))}</span>`
         + (this.canDecide ? `<button type="button" class="approve" data-action="approve" data-approval="${esc(approval.id)}" aria-label="Approve ${esc(approval.tool)}">✓ Approve</button>`
           + `<button type="button" class="deny" data-action="deny" data-approval="${esc(approval.id)}" aria-label="Deny ${esc(approval.tool)}">✕ Deny</button>` : "")
@@ -153,7 +153,7 @@ export class TreeView {
       + `<span class="label" title="${esc(s.name)}">${esc(s.name)}</span><span class="sr-only">${esc(word)}</span>${extra}</span>`
       + (approval ? "" : `<span class="num" title="${esc(tokTitle)}">${tok}</span><span class="num">${cost == null ? "" : money(cost)}</span>`
       + `<span class="num">${duration(end - start)}</span>`)
-      + `<span class="bar-track"><span class="bar b-${esc(s.status)}" style="left:${left.toFixed(3)}%;width:${width.toFixed(3)}%"></span></span>`
+      + (approval ? "" : `<span class="bar-track"><span class="bar b-${esc(s.status)}" style="left:${left.toFixed(3)}%;width:${width.toFixed(3)}%"></span></span>`)
       + `</div>`;
   }
 
