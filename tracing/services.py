@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 # Events of these types also go to the tenant-wide stream (runs list, approvals
 # inbox); span events are many and only the run stream carries them.
-TENANT_EVENT_PREFIXES = ("run.", "approval.", "step.")
+TENANT_EVENT_PREFIXES = ("run.", "approval.", "step.", "budget.")
 
 _APPEND_ATTEMPTS = 20
 
