@@ -292,6 +292,10 @@ SANDBOX_REQUIRED_LAYERS = env.items(
     "bwrap,pidns,netns,mountns,uid_drop,no_new_privs,rlimits",
     help="Isolation layers without which the sandbox refuses to run anything.",
 )
+CELERY_BEAT_SCHEDULE["sandbox-janitor"] = {
+    "task": "runs.tasks.sandbox_janitor_task",
+    "schedule": 60.0,
+}
 SANDBOX_OUTPUT_BYTES = env.integer(
     "SANDBOX_OUTPUT_BYTES", 64_000, minimum=1024, help="Output cap per sandboxed run."
 )

@@ -29,3 +29,13 @@ def advance_run_task(  # type: ignore[no-untyped-def]
 def recover_stalled_runs_task() -> int:
     """Re-enqueue runs whose worker vanished (lease expired, or enqueue lost)."""
     return recover_stalled_runs()
+
+
+@shared_task
+def sandbox_janitor_task() -> int:
+    """Kill and remove sandboxes whose owner is gone (e.g. a hard time limit)."""
+    from runs.sandbox import sandbox_janitor_sweep
+    from runs.tools.run_code import sandbox_settings
+
+    report = sandbox_janitor_sweep(sandbox_settings())
+    return len(report.removed_cgroups) + len(report.removed_workspaces)

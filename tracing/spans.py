@@ -320,9 +320,7 @@ class ToolRecorder:
         span.set_attribute("gen_ai.tool.call.result", _json(result.to_dict()))
         span.set_attribute("cp.tool.executed", executed)
         if not result.ok:
-            code = (
-                (result.error or {}).get("code") if hasattr(result, "error") else None
-            )
+            code = result.error.code if result.error is not None else None
             span.set_attribute("error.type", str(code or "tool_error"))
             span.set_status(Status(StatusCode.ERROR, str(code or "tool_error")))
         for ref in result.refs:

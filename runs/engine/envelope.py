@@ -21,6 +21,7 @@ class ErrorCode(StrEnum):
     EPATH = "EPATH"  # a path escaped the workspace
     EDISK = "EDISK"  # disk or file-size limit
     EOUTPUT = "EOUTPUT"  # output limit
+    ELIMIT = "ELIMIT"  # a CPU, memory or process limit ended the command
     EUNKNOWN = "EUNKNOWN"  # outcome of an interrupted write is not known
     ECANCELED = "ECANCELED"  # not executed because the run stopped first
     EINTERNAL = "EINTERNAL"  # the tool or host failed in an unexpected way
@@ -48,6 +49,7 @@ _DEFAULTS: dict[ErrorCode, tuple[bool, SuggestedAction]] = {
     ErrorCode.EPATH: (True, SuggestedAction.FIX_ARGUMENTS),
     ErrorCode.EDISK: (False, SuggestedAction.REDUCE_OUTPUT),
     ErrorCode.EOUTPUT: (True, SuggestedAction.REDUCE_OUTPUT),
+    ErrorCode.ELIMIT: (False, SuggestedAction.FIX_ARGUMENTS),
     ErrorCode.EUNKNOWN: (False, SuggestedAction.CHECK_STATE_FIRST),
     ErrorCode.ECANCELED: (False, SuggestedAction.DO_NOT_RETRY),
     ErrorCode.EINTERNAL: (False, SuggestedAction.DO_NOT_RETRY),

@@ -23,7 +23,19 @@ from runs.sandbox import (
 )
 
 SCRIPT_NAME = "main.py"
-ERROR_CODES = {code.value for code in ErrorCode}
+# The sandbox's own codes, as the envelope codes the model and policies know.
+SANDBOX_ERROR_CODES = {
+    "ETIMEDOUT": ErrorCode.ETIMEDOUT,
+    "ECPU": ErrorCode.ELIMIT,
+    "EMEMORY": ErrorCode.ELIMIT,
+    "EPIDS": ErrorCode.ELIMIT,
+    "EOUTPUT": ErrorCode.EOUTPUT,
+    "EDISK": ErrorCode.EDISK,
+    "EFBIG": ErrorCode.EDISK,
+    "EPATH": ErrorCode.EPATH,
+    "ENOENT": ErrorCode.EINVAL,
+    "EACCES": ErrorCode.EACCES,
+}
 
 
 def sandbox_settings() -> SandboxSettings:
@@ -71,24 +83,24 @@ def run_code(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
     finally:
         workspace_release(workspace, settings=config)
     report = outcome.to_dict()
-    data = {
-        key: report[key]
-        for key in ("exit_code", "signal_name", "termination_cause", "stdout",
-                    "stderr", "stdout_truncated", "output_limited", "duration_ms")
-    }  # fmt: skip
-    refs = ({"kind": "sandbox_result", "result": report},)
+    shown = ("exit_code", "signal_name", "termination_cause", "stdout", "stderr",
+             "stdout_truncated", "output_limited", "duration_ms")  # fmt: skip
+    data = {key: report[key] for key in shown}
+    # The full report (enforcement, limits, counters) goes to the trace, once.
+    evidence = {k: v for k, v in report.items() if k not in ("stdout", "stderr")}
+    refs = ({"kind": "sandbox_result", "result": evidence},)
     if outcome.ok:
         return ToolResult.success(data, refs=refs)
-    code = outcome.error if outcome.error in ERROR_CODES else "EINTERNAL"
     if outcome.error is None:
         message = f"the program ended with {outcome.termination_cause}"
         if outcome.exit_code is not None:
             message += f" (exit code {outcome.exit_code})"
-        code = "EINVAL"  # a failing program: the model can fix its code
+        code = ErrorCode.EINVAL  # a failing program: the model can fix its code
     else:
+        code = SANDBOX_ERROR_CODES.get(outcome.error, ErrorCode.EINTERNAL)
         message = outcome.detail or outcome.error
     return ToolResult.failure(
-        ErrorCode(code), message, retryable=outcome.retryable, data=data, refs=refs
+        code, message, retryable=outcome.retryable, data=data, refs=refs
     )
 
 
