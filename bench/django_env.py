@@ -23,6 +23,9 @@ def django_setup(database_url: str | None = None) -> str:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     os.environ["CELERY_QUEUE"] = f"bench-{uuid.uuid4().hex[:8]}"
     os.environ["LOG_LEVEL"] = "WARNING"
+    # Production settings: DEBUG off (no query log), as a deployment runs.
+    os.environ["DEBUG"] = "false"
+    os.environ.setdefault("SECRET_KEY", "bench-" + uuid.uuid4().hex * 2)
     if not os.environ.get("REDIS_URL"):
         from controlplane.embedded_redis import EmbeddedRedis
 
