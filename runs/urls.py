@@ -6,5 +6,7 @@ urlpatterns = [
     path("agents/", agents_api.AgentListApi.as_view(), name="api-agents"),
     path("runs/", api.RunListApi.as_view(), name="api-runs"),
     path("runs/<str:run_id>/", api.RunDetailApi.as_view(), name="api-run"),
-    path("runs/<str:run_id>/cancel/", api.RunCancelApi.as_view(), name="api-run-cancel"),
+    path(
+        "runs/<str:run_id>/cancel/", api.RunCancelApi.as_view(), name="api-run-cancel"
+    ),
 ]

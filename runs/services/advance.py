@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import transaction
 from django.utils import timezone
@@ -60,7 +59,8 @@ from runs.engine.step import (
 from runs.engine.stop import StopReason, terminal_status
 from runs.engine.tools import may_rerun_after_crash, unknown_outcome_result
 from runs.failpoints import failpoint
-from runs.models import Run, Step, ToolCall as ToolCallRow
+from runs.models import Run, Step
+from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
 from runs.services.lifecycle import (
     LeaseLost,
@@ -81,6 +81,11 @@ from tracing.spans import (
 
 logger = logging.getLogger(__name__)
 
+UNFINISHED_CALL_STATUSES = [
+    ToolCallRow.Status.PENDING,
+    ToolCallRow.Status.WAITING_APPROVAL,
+    ToolCallRow.Status.APPROVED,
+]
 FINAL_CALL_STATUSES = {
     ToolCallRow.Status.SUCCEEDED,
     ToolCallRow.Status.FAILED,
@@ -153,10 +158,8 @@ def run_advance(
         return "lease_lost"
     except Exception:
         logger.exception("run %s: internal error in a step", run_id)
-        try:
+        with suppress(StepEnded, LeaseLost):
             _finish(ctx, StopReason.INTERNAL_ERROR, detail="internal error")
-        except (StepEnded, LeaseLost):
-            pass
         return "finished"
     finally:
         spans.close()
@@ -292,7 +295,10 @@ def _run_calls(ctx: StepContext, step: Step, calls: list[ToolCall]) -> None:
         if row.status == ToolCallRow.Status.EXECUTING:
             _recover_interrupted(ctx, row, call)
             continue
-        if row.status in (ToolCallRow.Status.WAITING_APPROVAL, ToolCallRow.Status.APPROVED):
+        if row.status in (
+            ToolCallRow.Status.WAITING_APPROVAL,
+            ToolCallRow.Status.APPROVED,
+        ):
             approval_span_settle(ctx.run, tool_call=row)
             _resume_after_approval(ctx, row, call)
             continue
@@ -436,7 +442,9 @@ def _recover_interrupted(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> 
         logger.info("run %s: re-running %s after a crash", ctx.run.id, call.name)
         _execute(ctx, row, call)
         return
-    _record(ctx, row, call, unknown_outcome_result(call.name), ToolCallRow.Status.UNKNOWN)
+    _record(
+        ctx, row, call, unknown_outcome_result(call.name), ToolCallRow.Status.UNKNOWN
+    )
 
 
 def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
@@ -478,7 +486,9 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
         _record(ctx, row, call, outcome.result, ToolCallRow.Status.REFUSED)
         assert outcome.stop_reason is not None
         _finish(ctx, outcome.stop_reason, detail=f"refused before {call.name}")
-    status = ToolCallRow.Status.SUCCEEDED if outcome.result.ok else ToolCallRow.Status.FAILED
+    status = (
+        ToolCallRow.Status.SUCCEEDED if outcome.result.ok else ToolCallRow.Status.FAILED
+    )
     _record(ctx, row, call, outcome.result, status)
 
 
@@ -546,7 +556,7 @@ def _stop_if_cancelled(ctx: StepContext) -> None:
 
 def _finish(
     ctx: StepContext, reason: StopReason, *, detail: str = "", dimension: str = ""
-) -> None:
+) -> NoReturn:
     """End the run with the host's verdict; never returns."""
     state = ctx.state
     evaluation = None
@@ -564,10 +574,8 @@ def _finish(
     state.usage = state.usage.with_wall_seconds(ctx.elapsed())
     with transaction.atomic():
         ToolCallRow.objects.filter(
-            run=ctx.run,
-            status__in=[ToolCallRow.Status.PENDING, ToolCallRow.Status.WAITING_APPROVAL,
-                        ToolCallRow.Status.APPROVED],
-        ).update(status=ToolCallRow.Status.CANCELLED, finished_at=timezone.now())  # fmt: skip
+            run=ctx.run, status__in=UNFINISHED_CALL_STATUSES
+        ).update(status=ToolCallRow.Status.CANCELLED, finished_at=timezone.now())
         ctx.checkpoint(
             step_token=None,
             lease_owner="",
