@@ -91,7 +91,9 @@ def daphne(
     server.stop()
 
 
-@pytest.fixture(scope="session")
+# Module scope: a worker left running would take the tasks of later test modules
+# (they share this session's queue) without their failpoints or settings.
+@pytest.fixture(scope="module")
 def ui_worker(django_db_setup: Any, tmp_path_factory: Any) -> Iterator[Any]:
     worker = start_worker(tmp_path_factory.mktemp("ui-worker"))
     yield worker
