@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -69,7 +70,7 @@ from runs.services.lifecycle import (
     lease_release,
     run_finish_fields,
     run_save,
-    step_enqueue,
+    step_dispatch_on_commit,
 )
 from tracing.spans import (
     approval_span_open,
@@ -141,7 +142,7 @@ def run_advance(
     ctx = StepContext(
         run=run,
         state=state,
-        runtime=runtime_for(run, replies_consumed=run.step_rows.count()),
+        runtime=runtime_for(run, replies_consumed=run.steps),
         started=time.monotonic(),
         base_wall_seconds=state.usage.wall_seconds,
     )
@@ -167,21 +168,22 @@ def run_advance(
 
 
 def _step(ctx: StepContext) -> None:
-    _stop_if_cancelled(ctx)
+    if ctx.run.cancel_requested:  # read with the lease just now
+        _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
     open_calls = pending_tool_calls(ctx.state.transcript)
     if open_calls:
         step = ctx.run.step_rows.order_by("-index").first()
         assert step is not None, "open calls without a recorded step"
-        _run_calls(ctx, step, open_calls)
-        _after_calls(ctx, step)
+        _after_calls(ctx, step, _run_calls(ctx, step, open_calls))
         return
     step, action = _ask_model(ctx)
     if isinstance(action, FinalAnswer):
         ctx.state.final_text = action.text
         _finish(ctx, StopReason.DONE)
+    rows = []
     if isinstance(action, ToolCallsAction):
-        _run_calls(ctx, step, list(action.calls))
-    _after_calls(ctx, step)
+        rows = _run_calls(ctx, step, list(action.calls))
+    _after_calls(ctx, step, rows)
 
 
 def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
@@ -203,7 +205,7 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
         run=ctx.run,
         plan=plan,
         price_known=runtime.price_known,
-        step_index=ctx.run.step_rows.count(),
+        step_index=ctx.run.steps,
     )
     if isinstance(reserved, BudgetRefusal):
         _finish_budget_refused(ctx, reserved)
@@ -231,7 +233,7 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
     with transaction.atomic():
         step = Step.objects.create(
             run=ctx.run,
-            index=ctx.run.step_rows.count(),
+            index=ctx.run.steps,
             provider=reply.provider,
             provider_request_id=reply.provider_request_id or "",
             model=reply.model,
@@ -283,7 +285,10 @@ def _action_record(action: Any) -> dict[str, Any]:
     }
 
 
-def _run_calls(ctx: StepContext, step: Step, calls: list[ToolCall]) -> None:
+def _run_calls(
+    ctx: StepContext, step: Step, calls: list[ToolCall]
+) -> list[ToolCallRow]:
+    """Each open call in order; returns the step's rows, results filled in."""
     rows = {row.call_id: row for row in step.tool_calls.all()}
     for call in calls:
         _stop_if_cancelled(ctx)
@@ -303,6 +308,7 @@ def _run_calls(ctx: StepContext, step: Step, calls: list[ToolCall]) -> None:
             _resume_after_approval(ctx, row, call)
             continue
         _gate_and_run(ctx, row, call)
+    return list(rows.values())
 
 
 def _gate_and_run(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
@@ -453,12 +459,16 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
     reserved = budget_before_tool_call(run=ctx.run, tool=tool, call_id=call.call_id)
     if isinstance(reserved, BudgetRefusal):
         _finish_budget_refused(ctx, reserved)
-    # Committed before the handler runs: after a crash this says "may have happened".
-    ToolCallRow.objects.filter(id=row.id).update(
-        status=ToolCallRow.Status.EXECUTING,
-        started_at=timezone.now(),
-        attempts=row.attempts + 1,
-    )
+    row.attempts += 1
+    row.started_at = timezone.now()
+    if not tool.contract.is_read_only:
+        # Committed before the handler runs: after a crash this says "may have
+        # happened". A read-only call left `pending` simply runs again.
+        ToolCallRow.objects.filter(id=row.id).update(
+            status=ToolCallRow.Status.EXECUTING,
+            started_at=row.started_at,
+            attempts=row.attempts,
+        )
     failpoint("before_tool_execute")
     ctx.state.usage = ctx.state.usage.with_wall_seconds(ctx.elapsed())
     with tool_span(ctx.run, call=call, effect=row.effect) as span:
@@ -526,19 +536,18 @@ def _record(
                 "content": artifact.content.decode("utf-8", "replace"),
             },
             sandbox_result=sandbox,
+            attempts=row.attempts,
+            started_at=row.started_at,
             finished_at=timezone.now(),
         )
         ctx.checkpoint()
     row.status = status
+    row.result = result.to_dict()
 
 
-def _after_calls(ctx: StepContext, step: Step) -> None:
+def _after_calls(ctx: StepContext, step: Step, rows: list[ToolCallRow]) -> None:
     action = decode_reply(ModelReply.from_dict(step.reply))
-    results = [
-        ToolResult.from_dict(row.result)
-        for row in step.tool_calls.all()
-        if row.result is not None
-    ]
+    results = [ToolResult.from_dict(row.result) for row in rows if row.result]
     reason = check_progress(ctx.state.progress, action, results)
     if reason is not None:
         _finish(ctx, reason, detail="the same action and observation repeated")
@@ -607,5 +616,5 @@ def _finish_budget_refused(ctx: StepContext, refusal: BudgetRefusal) -> None:
 def _continue(ctx: StepContext) -> None:
     """Release the lease and enqueue the next step in one commit."""
     with transaction.atomic():
-        ctx.checkpoint(lease_owner="", lease_expires_at=None)
-        step_enqueue(ctx.run)
+        ctx.checkpoint(lease_owner="", lease_expires_at=None, step_token=uuid.uuid4())
+        step_dispatch_on_commit(ctx.run)

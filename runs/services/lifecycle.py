@@ -50,18 +50,23 @@ def step_enqueue(run: Run) -> None:
 
     The token makes a stale or duplicate delivery a no-op (it no longer matches).
     """
-    from runs.tasks import advance_run_task
-    from tracing.spans import traceparent_for
-
     token = uuid.uuid4()
     Run.objects.filter(id=run.id).update(step_token=token, version=F("version") + 1)
     run.step_token = token
     run.version += 1
-    run_id = str(run.id)
+    step_dispatch_on_commit(run)
+
+
+def step_dispatch_on_commit(run: Run) -> None:
+    """Enqueue the task for the run's current step token once the token is committed."""
+    from runs.tasks import advance_run_task
+    from tracing.spans import traceparent_for
+
+    run_id, token = str(run.id), str(run.step_token)
     traceparent = traceparent_for(run) if run.trace_id else None
     transaction.on_commit(
         lambda: advance_run_task.delay(
-            run_id=run_id, step_token=str(token), traceparent=traceparent
+            run_id=run_id, step_token=token, traceparent=traceparent
         )
     )
 
@@ -181,6 +186,8 @@ def run_save(run: Run, **changes: Any) -> None:
 
 
 def lease_release(run: Run) -> None:
+    if not run.lease_owner:
+        return  # already released by the step's last write
     Run.objects.filter(id=run.id, lease_owner=run.lease_owner).update(
         lease_owner="", lease_expires_at=None
     )
