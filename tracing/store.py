@@ -163,24 +163,24 @@ def span_record_start(
 ) -> Span:
     """Store a started span (once: a span started again with the same ids, as a
     long wait ending in another process, keeps its row) and log `span.started`."""
-    attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
     lease = None
     if record.leased:
         lease = timezone.now() + dt.timedelta(
             seconds=settings.TRACING_SPAN_LEASE_SECONDS
         )
-    fields = {
-        "run_id": run_id,
-        "parent_span_id": record.parent_span_id,
-        "name": record.name[:300],
-        "kind": record.kind,
-        "started_at": record.started_at,
-        "attributes": attributes,
-        "payloads": payloads,
-        "worker": _worker_name() if record.leased else "",
-        "lease_expires_at": lease,
-    }
-    with transaction.atomic():
+    with transaction.atomic():  # payloads, span and event in one commit
+        attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
+        fields = {
+            "run_id": run_id,
+            "parent_span_id": record.parent_span_id,
+            "name": record.name[:300],
+            "kind": record.kind,
+            "started_at": record.started_at,
+            "attributes": attributes,
+            "payloads": payloads,
+            "worker": _worker_name() if record.leased else "",
+            "lease_expires_at": lease,
+        }
         if record.leased:
             # A task's own span: new ids, never seen before.
             span = Span.objects.create(
@@ -212,10 +212,10 @@ def span_record_end(
     `span.ended`. A task's own span (`leased`, `pk` known from its start) carries
     all its attributes at the end: one UPDATE. A long-lived span started again
     merges into the row it had."""
-    attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
     events = redact(record.events)
     ended_at = record.ended_at or timezone.now()
-    with transaction.atomic():
+    with transaction.atomic():  # payloads, span and event in one commit
+        attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
         span: Span | None = None
         if record.leased and pk is not None:
             span = Span(
