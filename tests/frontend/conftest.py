@@ -100,7 +100,9 @@ def ui_worker(django_db_setup: Any, tmp_path_factory: Any) -> Iterator[Any]:
     worker.stop()
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an event loop running in this thread,
+# which later asyncio tests (Channels consumers) cannot share.
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         pytest.fail(
