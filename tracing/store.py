@@ -9,12 +9,12 @@ import hashlib
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from runs.models import Run
@@ -145,6 +145,23 @@ def span_event_payload(span: Span) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def telemetry_transaction() -> Iterator[None]:
+    """A transaction for span rows and their events.
+
+    When it is the outermost transaction on PostgreSQL, its commit does not wait
+    for the WAL flush (`synchronous_commit = off` for this transaction only): a
+    database crash may lose the last few spans, never a run's state, which is
+    always written in transactions of its own with the server's durability.
+    """
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit = off")
+        yield
+
+
 def _worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"[:64]
 
@@ -168,7 +185,7 @@ def span_record_start(
         lease = timezone.now() + dt.timedelta(
             seconds=settings.TRACING_SPAN_LEASE_SECONDS
         )
-    with transaction.atomic():  # payloads, span and event in one commit
+    with telemetry_transaction():  # payloads, span and event in one commit
         attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
         fields = {
             "run_id": run_id,
@@ -214,7 +231,7 @@ def span_record_end(
     merges into the row it had."""
     events = redact(record.events)
     ended_at = record.ended_at or timezone.now()
-    with transaction.atomic():  # payloads, span and event in one commit
+    with telemetry_transaction():  # payloads, span and event in one commit
         attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
         span: Span | None = None
         if record.leased and pk is not None:
