@@ -26,6 +26,7 @@ def django_setup(database_url: str | None = None) -> str:
     # Production settings: DEBUG off (no query log), as a deployment runs.
     os.environ["DEBUG"] = "false"
     os.environ.setdefault("SECRET_KEY", "bench-" + uuid.uuid4().hex * 2)
+    os.environ.setdefault("SECURE_COOKIES", "false")  # plain HTTP on loopback
     if not os.environ.get("REDIS_URL"):
         from controlplane.embedded_redis import EmbeddedRedis
 
