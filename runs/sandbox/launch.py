@@ -7,8 +7,9 @@ work that must happen between fork and exec is done by small separate programs:
 1. `setpriv` drops to the sandbox uid/gid, clears groups and inheritable
    capabilities and sets no_new_privs;
 2. `bwrap` (unprivileged, in a new user namespace) builds the namespaces and mounts;
-3. `sandbox_init` (pid 1 inside) waits until the runner has moved it into the run's
-   cgroups, applies rlimits and spawns the workload as pid 2.
+3. `sandbox_init` (pid 1 inside; compiled C, or Python for a network bridge) waits
+   until the runner has moved it into the run's cgroups, applies rlimits and spawns
+   the workload as pid 2.
 """
 
 from __future__ import annotations
@@ -85,14 +86,21 @@ def setpriv_argv(setpriv: str, uid: int, gid: int) -> list[str]:
 
 
 def init_path_inside(installed: Path) -> str:
-    """Where the init appears inside; the suffix tells Python whether it is a .pyc."""
+    """Where the init appears inside; the suffix tells Python whether it is a .pyc
+    (the compiled C init has none)."""
     return f"/run/sandbox/init{installed.suffix}"
 
 
 def init_argv(
-    python: str, init_path: str, config: dict[str, str], command: Sequence[str]
+    kind: str,
+    python: str,
+    init_path: str,
+    config: dict[str, str],
+    command: Sequence[str],
 ) -> list[str]:
+    encoded = ",".join(f"{k}={v}" for k, v in config.items())
+    if kind == "c":
+        return [init_path, encoded, "--", *command]
     # -S no site, -E/-I ignore PYTHON* and user site, -B no .pyc writes: the init must
     # start fast and must not be steerable by the workload's environment.
-    encoded = ",".join(f"{k}={v}" for k, v in config.items())
     return [python, "-S", "-E", "-I", "-B", init_path, encoded, "--", *command]

@@ -22,7 +22,7 @@ from .capabilities import (
     require_layers,
 )
 from .cgroup import RunCgroup
-from .init_install import install_init
+from .init_install import InstalledInit, install_init, planned_init_kind
 from .ownership import run_name
 from .paths import PathRefused, check_path
 from .proxy import EgressProxy
@@ -59,7 +59,7 @@ def run_in_sandbox(
         # The proxy bridge lives inside the sandbox's own network namespace; without
         # one an allowlist cannot be enforced at all.
         raise SandboxUnavailable(["netns"], "a network allowlist needs a netns")
-    enforcement = _enforcement(caps, planned, spec)
+    enforcement = _enforcement(caps, planned, spec, settings)
     for rel in spec.paths:
         try:
             check_path(workspace, rel)
@@ -96,7 +96,8 @@ class _Run:
         self.tmp_dir: Path | None = None
 
     def execute(self) -> SandboxResult:
-        init_path = install_init(self.settings)
+        init = install_init(self.settings, bridge=not self.spec.network.is_none)
+        self.enforcement["init"] = init.kind
         self.run_dir.mkdir(parents=True, mode=0o711)
         files: _Files | None = None
         try:
@@ -117,7 +118,7 @@ class _Run:
                 self.proxy.start()
                 extra_binds.append((socket_path, launch.PROXY_SOCKET_INSIDE))
             files = self._open_files()
-            return self._launch_and_watch(init_path, extra_binds, files)
+            return self._launch_and_watch(init, extra_binds, files)
         finally:
             if files is not None:
                 for f in (files.out, files.err, files.stdin):
@@ -160,8 +161,13 @@ class _Run:
         return _Files(out, err, stdin)
 
     def _argv(
-        self, init_path: Path, status_fd: int, go_fd: int, extra: list[tuple[str, str]]
+        self,
+        init: InstalledInit,
+        status_fd: int,
+        go_fd: int,
+        extra: list[tuple[str, str]],
     ) -> list[str]:
+        init_path = init.path
         limits = self.spec.limits
         config = {"status": str(status_fd), "go": str(go_fd), "core": "0:0"}
         cpu = _cpu_rlimit(limits.cpu_seconds)
@@ -190,10 +196,11 @@ class _Run:
             # namespaces, the init runs from the host path, the enforcement map
             # shows every missing layer.
             command = launch.init_argv(
-                self.settings.python, str(init_path), config, self.spec.argv
+                init.kind, self.settings.python, str(init_path), config, self.spec.argv
             )
             return rest + command
         command = launch.init_argv(
+            init.kind,
             self.settings.python,
             launch.init_path_inside(init_path),
             config,
@@ -224,7 +231,7 @@ class _Run:
         return env
 
     def _launch_and_watch(
-        self, init_path: Path, extra: list[tuple[str, str]], files: _Files
+        self, init: InstalledInit, extra: list[tuple[str, str]], files: _Files
     ) -> SandboxResult:
         limits = self.spec.limits
         status_r, status_w = os.pipe()
@@ -232,7 +239,7 @@ class _Run:
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
-                self._argv(init_path, status_w, go_r, extra),
+                self._argv(init, status_w, go_r, extra),
                 stdin=files.stdin if files.stdin is not None else subprocess.DEVNULL,
                 stdout=files.out,
                 stderr=files.err,
@@ -290,10 +297,10 @@ class _Run:
     def _join_cgroup(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
         """Move the starting sandbox (bwrap and the init) into the run's cgroups.
 
-        Done from here while bubblewrap and the interpreter start, rather than by a
+        Done from here while bubblewrap and the init start, rather than by a
         launcher before exec: the first cgroup migration after an idle spell waits
-        for an RCU grace period (~13 ms measured here), which this overlaps with the
-        interpreter's start-up. The init spawns nothing until released, so the
+        for an RCU grace period (~13 ms measured here), which this overlaps with
+        bubblewrap's start-up. The init spawns nothing until released, so the
         workload and everything it forks are born inside the cgroups; only the
         start-up memory of bwrap and the init stays charged outside. Before the
         release, every cgroup.procs is read back to check that it lists them all.
@@ -302,9 +309,9 @@ class _Run:
             return
         moved: set[int] = set()
         while True:
-            tree = _process_tree(proc.pid)
-            new = [pid for pid in tree if pid not in moved]
-            for pid in new:
+            for pid in _process_tree(proc.pid):
+                if pid in moved:
+                    continue
                 try:
                     self.cgroup.attach(pid)
                 except OSError as exc:
@@ -312,10 +319,12 @@ class _Run:
                         return  # bubblewrap failed early; its stderr says why
                     raise SandboxUnavailable(["cgroup"], f"cannot join: {exc}") from exc
                 moved.add(pid)
-            # bubblewrap forks exactly once (the namespace's pid 1, our init), and the
-            # init waits for us, so the tree is complete once that child is in.
-            complete = len(tree) > 1 or not self.caps.bwrap_works
-            if complete and not new:
+            # A fork and a cgroup migration of the forking process exclude each other
+            # in the kernel (the threadgroup rwsem): a child bubblewrap forks after
+            # its write is born inside, one forked before is listed by this second
+            # read. So there is no need to wait for bubblewrap to fork the init.
+            tree = _process_tree(proc.pid)
+            if all(pid in moved for pid in tree):
                 if self.cgroup.holds(tree):
                     return
                 moved.clear()  # read back and not there: move them all again
@@ -323,8 +332,6 @@ class _Run:
                 return
             if time.monotonic() >= deadline:
                 raise SandboxUnavailable(["cgroup"], "sandbox did not start in time")
-            if not complete or not new:
-                time.sleep(0.0002)
 
     def _watch(
         self, proc: subprocess.Popen[bytes], files: _Files, deadline: float
@@ -468,7 +475,10 @@ class _Run:
 
 
 def _enforcement(
-    caps: HostCapabilities, planned: dict[str, bool], spec: SandboxSpec
+    caps: HostCapabilities,
+    planned: dict[str, bool],
+    spec: SandboxSpec,
+    settings: SandboxSettings,
 ) -> dict[str, Any]:
     """The layers this run gets; cgroup entries are confirmed once the cgroup exists."""
     limits = spec.limits
@@ -486,7 +496,8 @@ def _enforcement(
         "readonly_root": ns,
         "tmpfs_size": ns,
         "tmp_noexec": ns,
-        "init": "python",
+        # "c" or "python"; set again to the init really installed.
+        "init": planned_init_kind(settings, bridge=not spec.network.is_none),
         "workload_not_pid1": ns,
         "uid_drop": planned["uid_drop"],
         "no_new_privs": planned["no_new_privs"],

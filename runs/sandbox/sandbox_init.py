@@ -1,5 +1,8 @@
 """The tiny init that runs inside the sandbox as pid 1 of its pid namespace.
 
+The compiled C port, `sandbox_init.c`, is used instead whenever a C compiler exists and
+the run needs no network bridge (see init_install.py); the two must stay in step.
+
 It is executed by the system interpreter as `python3 -S -E -I -B sandbox_init.py CONFIG
 -- ARGV...`, so it must stay stdlib-only and cheap to start: it imports only os, sys
 and resource (plus socket/select in proxy mode) and writes its status record by hand

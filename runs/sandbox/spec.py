@@ -191,6 +191,9 @@ class SandboxSettings:
     sandbox_uid: int = 65534
     sandbox_gid: int = 65534
     python: str = "/usr/bin/python3"
+    # "auto": the C init when a C compiler is present and the run needs no network
+    # bridge, else the Python init; "python": always the Python init.
+    init: str = "auto"
     required_layers: frozenset[str] = DEFAULT_REQUIRED_LAYERS
     # Kill the run as soon as the pids controller refuses a fork (CG-R5).
     kill_on_pids_limit: bool = True
@@ -201,6 +204,10 @@ class SandboxSettings:
     proxy_port: int = 3128
 
     def validate(self) -> None:
+        if self.init not in ("auto", "python"):
+            raise SandboxSpecError(
+                f"settings.init must be 'auto' or 'python', not {self.init!r}"
+            )
         unknown = self.required_layers - KNOWN_LAYERS
         if unknown:
             raise SandboxSpecError(f"unknown required layers: {sorted(unknown)}")

@@ -8,12 +8,16 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from runs.sandbox import (
     Limits,
     SandboxSettings,
     SandboxSpec,
+    SandboxSpecError,
     decode_wait_status,
     decode_waitid,
+    init_install,
     run_in_sandbox,
 )
 from runs.sandbox.result import decode_returncode
@@ -151,8 +155,48 @@ def test_a_sandbox_that_cannot_start_is_reported_not_raised(
     settings: SandboxSettings, workspace: Path
 ) -> None:
     # An interpreter that exists on the host but not inside (the venv's, under
-    # /work and /root): bubblewrap's exec of the init fails early.
-    broken = replace(settings, python=sys.executable)
+    # /work and /root): bubblewrap's exec of the (Python) init fails early.
+    broken = replace(settings, python=sys.executable, init="python")
     r = run_in_sandbox(SandboxSpec(argv=["true"], workspace=workspace), broken)
     assert (r.ok, r.error) == (False, "ESANDBOX")
     assert "bwrap" in r.detail and "No such file" in r.detail
+
+
+def test_the_c_init_is_used_when_a_compiler_exists(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    assert init_install.c_compiler() is not None  # the test host has cc
+    spec = SandboxSpec(
+        argv=["sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; exit 3"],
+        workspace=workspace,
+    )
+    r = run_in_sandbox(spec, settings)
+    assert (r.exit_code, r.enforcement["init"]) == (3, "c")
+    assert r.stdout.startswith("/run/sandbox/init status=")
+    assert r.max_rss_kb is not None and "workload_cpu_ms" in r.counters
+
+
+def test_the_python_init_still_works_when_forced_or_without_a_compiler(
+    settings: SandboxSettings, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forced = replace(settings, init="python")
+    spec = SandboxSpec(
+        argv=["sh", "-c", "cat /proc/1/cmdline; exit 3"], workspace=workspace
+    )
+    r = run_in_sandbox(spec, forced)
+    assert (r.exit_code, r.enforcement["init"]) == (3, "python")
+    assert "/run/sandbox/init.pyc" in r.stdout
+    missing = SandboxSpec(argv=["no-such-command-xyz"], workspace=workspace)
+    r = run_in_sandbox(missing, forced)
+    assert (r.exit_code, r.error, r.enforcement["init"]) == (127, "ENOENT", "python")
+    monkeypatch.setattr(init_install, "c_compiler", lambda: None)
+    r = run_in_sandbox(spec, settings)
+    assert (r.exit_code, r.enforcement["init"]) == (3, "python")
+
+
+def test_an_unknown_init_setting_is_refused(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    spec = SandboxSpec(argv=["true"], workspace=workspace)
+    with pytest.raises(SandboxSpecError):
+        run_in_sandbox(spec, replace(settings, init="rust"))
