@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +22,12 @@ from tracing.models import Span
 
 pytestmark = [pytest.mark.browser, pytest.mark.worker]
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+# Set UI_SCREENSHOT_DIR=docs/screenshots to refresh the README's pictures; a test
+# run never rewrites tracked files by default.
+SCREENSHOTS = Path(
+    os.environ.get("UI_SCREENSHOT_DIR")
+    or Path(tempfile.gettempdir()) / "cp-ui-screenshots"
+)
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
