@@ -34,7 +34,12 @@ def test_spans_from_a_worker_process_form_the_runs_tree(
             break
         time.sleep(0.1)
     assert run.is_terminal, celery_worker_process.output()
-    rows = list(Span.objects.filter(run=run).order_by("started_at", "id"))
+    # The step and root spans end just after the run's last commit.
+    while time.monotonic() < deadline:
+        rows = list(Span.objects.filter(run=run).order_by("started_at", "id"))
+        if rows and all(r.status != "running" for r in rows):
+            break
+        time.sleep(0.05)
     assert [r.name for r in rows] == [
         "invoke_agent scripted", "step 0", "chat scripted", "execute_tool echo",
         "step 1", "chat scripted",
