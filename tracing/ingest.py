@@ -23,7 +23,12 @@ from runs.services.external import run_external_for_trace, run_external_update
 from tracing.models import RunEvent, Span, SpanPayload
 from tracing.redaction import redact, redact_attributes
 from tracing.services import run_event_broadcast
-from tracing.store import PAYLOAD_KEYS, payload_encode, span_event_payload
+from tracing.store import (
+    PAYLOAD_KEYS,
+    payload_encode,
+    span_event_payload,
+    telemetry_transaction,
+)
 
 __all__ = [
     "IngestError",
@@ -542,7 +547,7 @@ def ingest_spans(*, tenant: Tenant, spans: list[OtlpSpan]) -> IngestResult:
         by_trace[span.trace_id][span.span_id] = span  # a repeated span: the last
 
     runs: list[str] = []
-    with transaction.atomic():
+    with telemetry_transaction():
         for trace_id, members in by_trace.items():
             run, last = _store_trace(tenant, trace_id, list(members.values()))
             runs.append(str(run.id))
