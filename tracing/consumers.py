@@ -82,6 +82,11 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.send_json({"type": "error", "code": code, "message": message})
         await self.close(code=code)
 
+    async def disconnect(self, code: int) -> None:
+        await self._stop_pumps()
+        if getattr(self, "group", None):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
     async def _start_pumps(self) -> None:
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(
             maxsize=settings.STREAM_QUEUE_EVENTS
@@ -193,11 +198,6 @@ class RunStreamConsumer(_StreamConsumer):
         if start is not None:
             await self._resume(start)
 
-    async def disconnect(self, code: int) -> None:
-        await self._stop_pumps()
-        if getattr(self, "group", None):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-
     def _position(self) -> dict[str, Any]:
         return {"last_seq": self.last_seq}
 
@@ -291,11 +291,6 @@ class TenantStreamConsumer(_StreamConsumer):
         await self._enqueue({"type": "hello", "tenant": self.context.tenant.slug})
         if start is not None:
             await self._resume(start)
-
-    async def disconnect(self, code: int) -> None:
-        await self._stop_pumps()
-        if getattr(self, "group", None):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
 
     def _position(self) -> dict[str, Any]:
         return {"last_id": self.last_id}

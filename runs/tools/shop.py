@@ -21,6 +21,11 @@ ORDER_ID_SCHEMA = {
     "pattern": "^[0-9]{4}$",
     "description": "The four-digit order number, e.g. 4821.",
 }
+ORDER_ONLY_SCHEMA = {
+    "type": "object",
+    "properties": {"order_id": ORDER_ID_SCHEMA},
+    "required": ["order_id"],
+}
 
 
 def _order(tenant_id: str, order_id: str) -> ShopOrder:
@@ -146,11 +151,7 @@ SHOP_TOOLS = [
         _contract(
             name="lookup_order",
             description="Look up a customer order: item, amount, status, damage.",
-            input_schema={
-                "type": "object",
-                "properties": {"order_id": ORDER_ID_SCHEMA},
-                "required": ["order_id"],
-            },
+            input_schema=ORDER_ONLY_SCHEMA,
             effect=Effect.READ_ONLY,
             idempotency=Idempotency.NATURAL,
         ),
@@ -161,11 +162,7 @@ SHOP_TOOLS = [
         _contract(
             name="get_delivery_date",
             description="The expected delivery date of an order's latest shipment.",
-            input_schema={
-                "type": "object",
-                "properties": {"order_id": ORDER_ID_SCHEMA},
-                "required": ["order_id"],
-            },
+            input_schema=ORDER_ONLY_SCHEMA,
             effect=Effect.READ_ONLY,
             idempotency=Idempotency.NATURAL,
         ),
