@@ -26,6 +26,7 @@ import uuid
 from typing import Any
 
 from bench.django_env import BASE_DIR, django_setup, percentile
+from controlplane.embedded_redis import free_local_port
 
 SPANS_A = 2000
 RUNS_B = 50
@@ -192,12 +193,6 @@ def bench_latency(tenant: Any, agent: Any, secret: str) -> None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def bench_ingest(tenant: Any, secret: str) -> None:
     from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
@@ -209,7 +204,7 @@ def bench_ingest(tenant: Any, secret: str) -> None:
 
     from tracing.models import Span
 
-    port = _free_port()
+    port = free_local_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
          "controlplane.asgi:application"],

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.django_env import BASE_DIR, django_setup, percentile
+from controlplane.embedded_redis import free_local_port
 
 STEPS = 200
 TOOLS_PER_STEP = 98  # + one chat span per step + the root = 20,001 spans
@@ -34,12 +34,6 @@ RATE = 200  # events per second while appending
 WRITERS = 1  # appends to one run take its seq in turn: more writers only collide
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "bench-ui-password"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _hex(bits: int) -> str:
@@ -116,7 +110,7 @@ def _store_large_run() -> tuple[Any, Any, Any]:
 
 class Daphne:
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_local_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="cp-bench-daphne-")  # noqa: SIM115
         env = dict(os.environ, DEBUG="true", PYTHONUNBUFFERED="1")

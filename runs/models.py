@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 
 from controlplane.models import Tenant
+from runs.engine.stop import TERMINAL_STATUSES
 from runs.tools.shop_models import Refund, Replacement, ShopOrder
 
 __all__ = ["Agent", "Refund", "Replacement", "Run", "ShopOrder", "Step", "ToolCall"]
@@ -61,16 +62,8 @@ class Run(models.Model):
         POLICY_BLOCKED = "policy_blocked"
         CANCELLED = "cancelled"
 
-    TERMINAL = frozenset(
-        {
-            Status.SUCCEEDED,
-            Status.FAILED,
-            Status.UNVERIFIED,
-            Status.BUDGET_EXHAUSTED,
-            Status.POLICY_BLOCKED,
-            Status.CANCELLED,
-        }
-    )
+    # The engine decides which statuses end a run; the model mirrors it.
+    TERMINAL = frozenset(map(Status, map(str, TERMINAL_STATUSES)))
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")

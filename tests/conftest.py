@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,17 @@ def database_url_for_subprocess() -> str:
     host = db.get("HOST") or "127.0.0.1"
     port = f":{db['PORT']}" if db.get("PORT") else ""
     return f"postgresql://{auth}{host}{port}/{db['NAME']}"
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
+    """Poll `check` until it returns something truthy, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what or check}")
 
 
 class WorkerProcess:

@@ -82,6 +82,17 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.send_json({"type": "error", "code": code, "message": message})
         await self.close(code=code)
 
+    async def _join(self, group: str, hello: dict[str, Any], start: int | None) -> None:
+        # Join first, then replay: nothing committed after the replay's read is
+        # missed, and what both deliver is dropped by its position.
+        self.group = group
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self._start_pumps()
+        await self._enqueue({"type": "hello", **hello})
+        if start is not None:
+            await self._resume(start)
+
     async def disconnect(self, code: int) -> None:
         await self._stop_pumps()
         if getattr(self, "group", None):
@@ -188,15 +199,7 @@ class RunStreamConsumer(_StreamConsumer):
         except BadMessage as exc:
             await self._refuse(CLOSE_BAD_MESSAGE, str(exc))
             return
-        # Join first, then replay: nothing committed after the replay's read is
-        # missed, and what both deliver is dropped by seq.
-        self.group = run_group(self.run.id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
-        await self._start_pumps()
-        await self._enqueue({"type": "hello", "run_id": str(self.run.id)})
-        if start is not None:
-            await self._resume(start)
+        await self._join(run_group(self.run.id), {"run_id": str(self.run.id)}, start)
 
     def _position(self) -> dict[str, Any]:
         return {"last_seq": self.last_seq}
@@ -284,13 +287,8 @@ class TenantStreamConsumer(_StreamConsumer):
         except BadMessage as exc:
             await self._refuse(CLOSE_BAD_MESSAGE, str(exc))
             return
-        self.group = tenant_group(self.context.tenant.id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
-        await self._start_pumps()
-        await self._enqueue({"type": "hello", "tenant": self.context.tenant.slug})
-        if start is not None:
-            await self._resume(start)
+        hello = {"tenant": self.context.tenant.slug}
+        await self._join(tenant_group(self.context.tenant.id), hello, start)
 
     def _position(self) -> dict[str, Any]:
         return {"last_id": self.last_id}

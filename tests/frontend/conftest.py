@@ -4,7 +4,6 @@ WebSockets), a real Celery worker, and Debian's Chromium driven by Playwright.""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from controlplane.embedded_redis import free_local_port
 from tests.conftest import BASE_DIR, database_url_for_subprocess, start_worker
 
 CHROMIUM = "/usr/bin/chromium"
@@ -24,10 +24,7 @@ CHROMIUM = "/usr/bin/chromium"
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+free_port = free_local_port
 
 
 class DaphneServer:

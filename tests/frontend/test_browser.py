@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from approvals.models import ApprovalRequest
 from runs.demo import DEMO_INPUT, demo_seed_shop
 from runs.models import Run
 from runs.services import run_start
+from tests.conftest import wait_for
 from tests.frontend.conftest import DaphneServer
 from tracing.models import Span
 
@@ -28,16 +27,6 @@ SCREENSHOTS = Path(
     os.environ.get("UI_SCREENSHOT_DIR")
     or Path(tempfile.gettempdir()) / "cp-ui-screenshots"
 )
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what or check}")
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ nothing and repeats no side effect. Real worker processes, really killed."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from approvals.services import approval_decide
 from runs.models import Run, ToolCall
 from runs.services import recover_stalled_runs, run_start
 from runs.tools.shop_models import Refund, Replacement
-from tests.conftest import start_worker
+from tests.conftest import start_worker, wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -34,16 +33,6 @@ LOOKUP_SCRIPT = [
                      "arguments": {"order_id": "4821"}}]},
     {"text": "Found it."},
 ]  # fmt: skip
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 def settled(run: Run) -> Run | None:
