@@ -58,7 +58,12 @@ from runs.engine.step import (
     record_result,
 )
 from runs.engine.stop import StopReason, terminal_status
-from runs.engine.tools import may_rerun_after_crash, unknown_outcome_result
+from runs.engine.tools import (
+    ToolContext,
+    idempotency_key_for,
+    may_rerun_after_crash,
+    unknown_outcome_result,
+)
 from runs.failpoints import failpoint
 from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
@@ -258,19 +263,13 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
                     args=dict(call.arguments) if call.parse_error is None else {},
                     raw_args=call.raw_arguments,
                     args_sha256=call.arguments_sha256,
-                    idempotency_key=_idempotency_key(ctx, call),
+                    idempotency_key=idempotency_key_for(str(ctx.run.id), call.call_id),
                     effect=str(tool.contract.effective_effect) if tool else "",
                 )
         # The assistant's action is on record before any tool runs.
         ctx.checkpoint()
     failpoint("after_action_persisted")
     return step, action
-
-
-def _idempotency_key(ctx: StepContext, call: ToolCall) -> str:
-    from runs.engine.tools import idempotency_key_for
-
-    return idempotency_key_for(str(ctx.run.id), call.call_id)
 
 
 def _action_record(action: Any) -> dict[str, Any]:
@@ -396,8 +395,6 @@ def _resume_after_approval(ctx: StepContext, row: ToolCallRow, call: ToolCall) -
 
 def _approved_call_precondition(ctx: StepContext, call: ToolCall) -> str | None:
     """Re-check the tool's preconditions on the world as it is now (fail-safe)."""
-    from runs.engine.tools import ToolContext
-
     tool = ctx.runtime.registry.get(call.name)
     if tool is None:
         return f"there is no tool named {call.name!r} any more"

@@ -21,7 +21,6 @@ from controlplane.budget_services import (
 )
 from controlplane.models import Tenant
 from controlplane.services import audit_record
-from runs.engine.budget import BudgetLimits
 from runs.engine.loop import AgentConfig, EngineState
 from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason
@@ -281,7 +280,3 @@ def run_resume(*, run_id: str) -> None:
     )
     if updated:
         step_enqueue(Run.objects.get(id=run_id))
-
-
-def limits_of(run: Run) -> BudgetLimits:
-    return BudgetLimits.from_dict(run.limits)

@@ -14,10 +14,6 @@ BUILTIN_TOOLS: dict[str, Tool] = {
 }
 
 
-def unknown_tool_names(names: Iterable[str]) -> list[str]:
-    return [name for name in names if name not in BUILTIN_TOOLS]
-
-
 def tool_registry_for(names: Iterable[str]) -> ToolRegistry:
     """The agent's tools; a name that is not registered is simply absent (ENOTOOL)."""
     return ToolRegistry(
