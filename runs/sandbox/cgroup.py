@@ -6,9 +6,10 @@ Two layouts are handled (spec §6):
   a directory in the cgroup2 mount at /sys/fs/cgroup/unified whose core files give
   `cgroup.kill` and `cgroup.events populated` even though no v2 controller is there.
 
-The runner creates every directory before the workload starts; the launcher writes its
-own pid into each `cgroup.procs` before it execs bubblewrap, so nothing the workload
-forks can be born outside the cgroup.
+The runner creates every directory before the workload starts; the launcher
+(sandbox_launch.c) clones the sandbox into the cgroup2 directory and has it join each
+v1 hierarchy before it execs bubblewrap, so nothing the workload forks can be born
+outside the cgroup.
 """
 
 from __future__ import annotations
@@ -174,6 +175,16 @@ class RunCgroup:
             ["v2"] if "v2" in self.dirs else []
         )
         return [str(self.dirs[k] / "cgroup.procs") for k in order]
+
+    @property
+    def v2_dir(self) -> Path | None:
+        """The run's cgroup2 directory, which the launcher clones the sandbox into."""
+        return self.dirs.get("v2")
+
+    @property
+    def tasks_files(self) -> list[str]:
+        """The v1 `tasks` files the launcher's child writes "0" to (itself)."""
+        return [str(self.dirs[k] / "tasks") for k in sorted(self.dirs) if k != "v2"]
 
     def pids_limit_hit(self) -> bool:
         """True once the pids controller has refused a fork (cheap; polled)."""

@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from .spec import SandboxSettings
 
 _lock = threading.Lock()
 _installed: dict[tuple[str, str, str], Path] = {}
-_c_failed: set[tuple[str, str]] = set()
+_c_failed: set[tuple[str, str, str]] = set()
 _COMPILE = (
     "import py_compile, sys; "
     "py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)"
@@ -61,7 +62,10 @@ def planned_init_kind(settings: SandboxSettings, *, bridge: bool) -> str:
     if bridge or settings.init == "python":
         return "python"
     compiler = c_compiler()
-    if compiler is None or (str(settings.state_dir), compiler) in _c_failed:
+    if (
+        compiler is None
+        or ("sandbox_init", str(settings.state_dir), compiler) in _c_failed
+    ):
         return "python"
     return "c"
 
@@ -85,23 +89,38 @@ def _bin_dir(settings: SandboxSettings) -> Path:
     return bin_dir
 
 
-def _install_c(settings: SandboxSettings, compiler: str) -> Path | None:
+def install_launcher(settings: SandboxSettings) -> Path | None:
+    """The compiled launcher (sandbox_launch.c), or None without a C compiler.
+
+    Without it the runner moves the starting sandbox into its cgroups itself."""
+    compiler = c_compiler()
+    if compiler is None:
+        return None
+    return _install_c(settings, compiler, "sandbox_launch", _check_launcher)
+
+
+def _install_c(
+    settings: SandboxSettings,
+    compiler: str,
+    program: str = "sandbox_init",
+    check: Callable[[Path], bool] | None = None,
+) -> Path | None:
     key = (str(settings.state_dir), compiler)
     with _lock:
-        cached = _installed.get(("c", *key))
+        cached = _installed.get((program, *key))
         if cached is not None and cached.exists():
             return cached
-        if key in _c_failed:
+        if (program, *key) in _c_failed:
             return None
-        source_path = Path(__file__).with_name("sandbox_init.c")
+        source_path = Path(__file__).with_name(f"{program}.c")
         source = source_path.read_bytes()
         digest = hashlib.sha256(source + b"\0" + compiler.encode()).hexdigest()[:16]
-        binary = _bin_dir(settings) / f"sandbox_init-{digest}"
+        binary = _bin_dir(settings) / f"{program}-{digest}"
         if not binary.exists():
             tmp = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
             try:
                 built = any(
-                    _compile_c(compiler, source_path, tmp, static)
+                    _compile_c(compiler, source_path, tmp, static, check or _check_init)
                     for static in (True, False)
                 )
                 if built:
@@ -110,14 +129,16 @@ def _install_c(settings: SandboxSettings, compiler: str) -> Path | None:
             finally:
                 tmp.unlink(missing_ok=True)
         if not binary.exists():
-            _c_failed.add(key)
+            _c_failed.add((program, *key))
             return None
-        _installed[("c", *key)] = binary
+        _installed[(program, *key)] = binary
         return binary
 
 
-def _compile_c(compiler: str, source: Path, out: Path, static: bool) -> bool:
-    """Build the C init and check that it runs a command and reports its status."""
+def _compile_c(
+    compiler: str, source: Path, out: Path, static: bool, check: Callable[[Path], bool]
+) -> bool:
+    """Build one C program and check that it works."""
     argv = [compiler, *_CFLAGS, *(["-static"] if static else []), "-o", str(out)]
     try:
         proc = subprocess.run(
@@ -126,27 +147,47 @@ def _compile_c(compiler: str, source: Path, out: Path, static: bool) -> bool:
             timeout=60,
             stdin=subprocess.DEVNULL,
         )
-        if proc.returncode != 0:
-            return False
-        status_r, status_w = os.pipe()
-        try:
-            check = subprocess.run(
-                [str(out), f"status={status_w},core=0:0", "--", "true"],
-                pass_fds=(status_w,),
-                capture_output=True,
-                timeout=10,
-                stdin=subprocess.DEVNULL,
-            )
-            os.close(status_w)
-            status_w = -1
-            record = os.read(status_r, 4096)
-        finally:
-            os.close(status_r)
-            if status_w >= 0:
-                os.close(status_w)
     except (OSError, subprocess.SubprocessError):
         return False
-    return check.returncode == 0 and b'"si_code":1,"si_status":0' in record
+    return proc.returncode == 0 and check(out)
+
+
+def _check_init(binary: Path) -> bool:
+    """The init runs a command and reports its status."""
+    return b'"si_code":1,"si_status":0' in _run_with_status_fd(
+        binary, lambda fd: [f"status={fd},core=0:0", "--", "true"]
+    )
+
+
+def _check_launcher(binary: Path) -> bool:
+    """The launcher runs a command (no cgroup here) and reports nothing."""
+    return (
+        _run_with_status_fd(binary, lambda fd: ["--status", str(fd), "--", "true"])
+        == b""
+    )
+
+
+def _run_with_status_fd(binary: Path, args: Callable[[int], list[str]]) -> bytes:
+    """Run `binary` with a status pipe; its record, or b"!" if it did not exit 0."""
+    status_r, status_w = os.pipe()
+    try:
+        check = subprocess.run(
+            [str(binary), *args(status_w)],
+            pass_fds=(status_w,),
+            capture_output=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(status_w)
+        status_w = -1
+        record = os.read(status_r, 4096)
+    except (OSError, subprocess.SubprocessError):
+        return b"!"
+    finally:
+        os.close(status_r)
+        if status_w >= 0:
+            os.close(status_w)
+    return record if check.returncode == 0 else b"!"
 
 
 def _install_python(settings: SandboxSettings) -> Path:

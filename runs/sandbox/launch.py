@@ -4,6 +4,8 @@ No `preexec_fn` anywhere: the runner lives in Celery prefork children with
 OpenTelemetry threads, where running Python between fork and exec can deadlock. The
 work that must happen between fork and exec is done by small separate programs:
 
+0. `sandbox_launch` (compiled C, where a compiler exists) starts what follows
+   inside the run's cgroups, without the global lock a cgroup.procs write takes;
 1. `setpriv` drops to the sandbox uid/gid, clears groups and inheritable
    capabilities and sets no_new_privs;
 2. `bwrap` (unprivileged, in a new user namespace) builds the namespaces and mounts;
@@ -72,6 +74,25 @@ def bwrap_argv(
         "--cap-drop", "ALL",
     ]  # fmt: skip
     return args
+
+
+def launcher_argv(
+    launcher: str,
+    *,
+    status_fd: int,
+    parent: int,
+    cgroup2: Path | None,
+    tasks: Sequence[str],
+) -> list[str]:
+    """The compiled launcher (sandbox_launch.c): it starts the rest of the command
+    line inside the run's cgroups, cloned into `cgroup2` and joined to each v1
+    `tasks` file, before exec."""
+    args = [launcher, "--status", str(status_fd), "--parent", str(parent)]
+    if cgroup2 is not None:
+        args += ["--cgroup2", str(cgroup2)]
+    for path in tasks:
+        args += ["--tasks", path]
+    return [*args, "--"]
 
 
 def setpriv_argv(setpriv: str, uid: int, gid: int) -> list[str]:

@@ -22,7 +22,12 @@ from .capabilities import (
     require_layers,
 )
 from .cgroup import RunCgroup
-from .init_install import InstalledInit, install_init, planned_init_kind
+from .init_install import (
+    InstalledInit,
+    install_init,
+    install_launcher,
+    planned_init_kind,
+)
 from .ownership import run_name
 from .paths import PathRefused, check_path
 from .proxy import EgressProxy
@@ -94,6 +99,9 @@ class _Run:
         self.cgroup: RunCgroup | None = None
         self.proxy: EgressProxy | None = None
         self.tmp_dir: Path | None = None
+        # The compiled launcher that starts the sandbox inside its cgroups; None:
+        # the runner moves the starting sandbox in itself (_join_cgroup).
+        self.launcher: Path | None = None
 
     def execute(self) -> SandboxResult:
         init = install_init(self.settings, bridge=not self.spec.network.is_none)
@@ -106,6 +114,8 @@ class _Run:
                 self.tmp_dir = self.run_dir / "tmp"
                 mount_tmpfs(self.tmp_dir, self.spec.limits.tmpfs_mb * 1024 * 1024)
             self._create_cgroup()
+            if self.cgroup is not None:
+                self.launcher = install_launcher(self.settings)
             extra_binds: list[tuple[str, str]] = []
             if not self.spec.network.is_none:
                 socket_path = str(self.run_dir / "proxy.sock")
@@ -164,12 +174,14 @@ class _Run:
         self,
         init: InstalledInit,
         status_fd: int,
-        go_fd: int,
+        go_fd: int | None,
         extra: list[tuple[str, str]],
     ) -> list[str]:
         init_path = init.path
         limits = self.spec.limits
-        config = {"status": str(status_fd), "go": str(go_fd), "core": "0:0"}
+        config = {"status": str(status_fd), "core": "0:0"}
+        if go_fd is not None:
+            config["go"] = str(go_fd)
         cpu = _cpu_rlimit(limits.cpu_seconds)
         if cpu is not None:
             config["cpu"] = f"{cpu[0]}:{cpu[1]}"
@@ -186,6 +198,15 @@ class _Run:
             )
         uid, gid = self.settings.sandbox_uid, self.settings.sandbox_gid
         rest: list[str] = []
+        if self.launcher is not None:
+            assert self.cgroup is not None
+            rest += launch.launcher_argv(
+                str(self.launcher),
+                status_fd=status_fd,
+                parent=os.getpid(),
+                cgroup2=self.cgroup.v2_dir,
+                tasks=self.cgroup.tasks_files,
+            )
         if self.caps.is_root:
             assert self.caps.setpriv is not None
             rest += launch.setpriv_argv(self.caps.setpriv, uid, gid)
@@ -235,15 +256,18 @@ class _Run:
     ) -> SandboxResult:
         limits = self.spec.limits
         status_r, status_w = os.pipe()
-        go_r, go_w = os.pipe()
+        # Without the launcher the init waits for a go byte until the runner has
+        # moved it into the cgroups.
+        joining = self.cgroup is not None and self.launcher is None
+        go_r, go_w = os.pipe() if joining else (-1, -1)
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
-                self._argv(init, status_w, go_r, extra),
+                self._argv(init, status_w, go_r if joining else None, extra),
                 stdin=files.stdin if files.stdin is not None else subprocess.DEVNULL,
                 stdout=files.out,
                 stderr=files.err,
-                pass_fds=(status_w, go_r),
+                pass_fds=(status_w, go_r) if joining else (status_w,),
                 close_fds=True,
                 start_new_session=True,
                 env=self._environment(),
@@ -251,20 +275,22 @@ class _Run:
             )
         except BaseException:
             for fd in (status_r, status_w, go_r, go_w):
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
             raise
         os.close(status_w)
-        os.close(go_r)
         killed_for: str | None = None
         kill_method: str | None = None
         try:
-            try:
-                self._join_cgroup(proc, started + limits.wall_seconds)
-                # EPIPE: bubblewrap failed before the init ran; judged below.
-                with contextlib.suppress(BrokenPipeError):
-                    os.write(go_w, b"g")
-            finally:
-                os.close(go_w)
+            if joining:
+                os.close(go_r)
+                try:
+                    self._join_cgroup(proc, started + limits.wall_seconds)
+                    # EPIPE: bubblewrap failed before the init ran; judged below.
+                    with contextlib.suppress(BrokenPipeError):
+                        os.write(go_w, b"g")
+                finally:
+                    os.close(go_w)
             killed_for = self._watch(proc, files, started + limits.wall_seconds)
             if killed_for is not None:
                 kill_method = self._kill(proc)
@@ -282,6 +308,11 @@ class _Run:
             os.close(status_r)
             raise
         init_status = _read_status(status_r)
+        if init_status is not None and "launch_error" in init_status:
+            # The launcher could not put the sandbox into its cgroups: nothing ran.
+            raise SandboxUnavailable(
+                ["cgroup"], f"cannot join: {init_status['launch_error']}"
+            )
         # Event counters before anything else is read or removed (CG-R1).
         counters = self.cgroup.counters() if self.cgroup is not None else {}
         if init_status is not None and "utime_ms" in init_status:
@@ -376,7 +407,9 @@ class _Run:
         kill follows as the backstop for anything outside the namespace.
         """
         methods: list[str] = []
-        init_pid = _first_child(proc.pid)
+        # The launcher's child is bubblewrap; without the launcher it is proc itself.
+        bwrap_pid = _first_child(proc.pid) if self.launcher is not None else proc.pid
+        init_pid = _first_child(bwrap_pid) if bwrap_pid is not None else None
         if init_pid is not None:
             try:
                 os.kill(init_pid, signal.SIGKILL)
@@ -386,6 +419,12 @@ class _Run:
                 pass
         if self.cgroup is not None and self.cgroup.applied.get("cgroup_kill"):
             methods.append(self.cgroup.kill())
+            if init_pid is None and self.launcher is not None:
+                # Killed before the sandbox had started: the launcher's process
+                # group holds whatever it has spawned so far.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    methods.append("killpg")
         else:
             # Without cgroup.kill: SIGKILL bubblewrap; --die-with-parent takes the
             # init and with it every process inside.
