@@ -5,8 +5,12 @@
 1. plain `subprocess.run(["true"])`;
 2. raw bubblewrap with the runner's exact flags (and its setpriv uid drop), running
    `true` directly: no cgroup, no init, no bookkeeping;
-3. `run_in_sandbox` (launcher shell, cgroup setup/teardown, bubblewrap, the Python
-   init, wall clock, judging);
+3. `run_in_sandbox` (launcher, cgroup setup, bubblewrap, the init, wall clock,
+   judging), timed until its result is returned; the removal of the run's empty
+   cgroups, /tmp mount and run directory happens after that on a background thread
+   (runs/sandbox/teardown.py), and is waited for outside the timed region so it does
+   not overlap the other ways' samples. The row `…+teardown` times the same calls
+   until that removal has finished too;
 4. for reference, bubblewrap starting an empty `python3 -S`: the floor any Python
    init pays.
 
@@ -37,6 +41,7 @@ from runs.sandbox import (  # noqa: E402
     SandboxSpec,
     probe_host,
     run_in_sandbox,
+    wait_for_teardown,
     workspace_create,
     workspace_release,
 )
@@ -50,6 +55,9 @@ SETTINGS = SandboxSettings(
     state_dir=Path("/var/lib/agent-sandbox-bench/state"),
     cgroup_group="agent-sandbox-bench",
 )
+
+
+TEARDOWN = "…+teardown"
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -123,10 +131,16 @@ def main(argv: list[str] | None = None) -> int:
         for fn in ways.values():  # warm-up: page cache, probe, init install
             for _ in range(5):
                 fn()
-        samples: dict[str, list[float]] = {name: [] for name in ways}
+        wait_for_teardown()
+        order = [*ways][:3] + [TEARDOWN] + [*ways][3:]
+        samples: dict[str, list[float]] = {name: [] for name in order}
         for _ in range(args.runs):
             for name, fn in ways.items():
                 samples[name].append(timed(fn))
+                if name == "run_in_sandbox":
+                    samples[TEARDOWN].append(
+                        samples[name][-1] + timed(wait_for_teardown)
+                    )
         figures = {
             name: {
                 "p50_ms": round(statistics.median(xs), 2),
@@ -151,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         wall = (time.perf_counter() - start) * 1000
+        wait_for_teardown()
         ok = sum(1 for r in results if r.ok and r.stdout.strip() == "499999500000")
         leaked = leaks(SETTINGS)
     finally:

@@ -14,6 +14,7 @@ from .spec import (
     SandboxSpec,
     SandboxSpecError,
 )
+from .teardown import wait_for_teardown
 from .workspace import workspace_create, workspace_release
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "probe_host",
     "run_in_sandbox",
     "sandbox_janitor_sweep",
+    "wait_for_teardown",
     "workspace_create",
     "workspace_release",
 ]

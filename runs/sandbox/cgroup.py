@@ -98,11 +98,10 @@ class RunCgroup:
         try:
             if layout.v2_root is not None:
                 base = layout.v2_root / group
-                base.mkdir(exist_ok=True)
                 if layout.mode == "v2-unified":
+                    base.mkdir(exist_ok=True)
                     _enable_subtree(layout.v2_root, base, layout.v2_controllers)
-                dirs["v2"] = base / name
-                dirs["v2"].mkdir()
+                dirs["v2"] = _mkdir_in(base, name)
                 applied["cgroup_kill"] = (dirs["v2"] / "cgroup.kill").exists()
             for controller in V1_CONTROLLERS:
                 if (
@@ -111,9 +110,7 @@ class RunCgroup:
                 ):
                     continue
                 base = layout.v1_roots[controller] / group
-                base.mkdir(exist_ok=True)
-                dirs[controller] = base / name
-                dirs[controller].mkdir()
+                dirs[controller] = _mkdir_in(base, name)
             run._apply_limits(memory_bytes, pids, cpu_quota)
         except BaseException:
             run.remove(timeout=1.0)
@@ -311,9 +308,38 @@ def _enable_subtree(root: Path, base: Path, controllers: frozenset[str]) -> None
         _write_optional(base / "cgroup.subtree_control", wanted)
 
 
+def _mkdir_in(base: Path, name: str) -> Path:
+    """mkdir base/name, creating the group directory `base` only when missing (a
+    run pays one mkdir, not an EEXIST probe per hierarchy)."""
+    path = base / name
+    try:
+        path.mkdir()
+    except FileNotFoundError:
+        base.mkdir(exist_ok=True)
+        path.mkdir()
+    return path
+
+
+# Control files are read and written with bare os calls: they are tiny, and a run
+# touches a dozen of them, where open()'s buffered text layer costs more than the
+# kernel does.
 def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
 
 
 def _write_optional(path: Path, value: str) -> bool:
@@ -326,7 +352,7 @@ def _write_optional(path: Path, value: str) -> bool:
 
 def _read_int(path: Path) -> int | None:
     try:
-        return int(path.read_text().strip())
+        return int(_read(path).strip())
     except (OSError, ValueError):
         return None
 
@@ -334,7 +360,7 @@ def _read_int(path: Path) -> int | None:
 def _keyed(path: Path) -> dict[str, int]:
     out: dict[str, int] = {}
     try:
-        text = path.read_text()
+        text = _read(path)
     except OSError:
         return out
     for line in text.splitlines():
@@ -348,6 +374,6 @@ def _keyed(path: Path) -> dict[str, int]:
 
 def _procs(path: Path) -> list[int]:
     try:
-        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
+        return [int(x) for x in _read(path / "cgroup.procs").split()]
     except OSError:
         return []

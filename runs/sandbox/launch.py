@@ -5,7 +5,8 @@ OpenTelemetry threads, where running Python between fork and exec can deadlock. 
 work that must happen between fork and exec is done by small separate programs:
 
 0. `sandbox_launch` (compiled C, where a compiler exists) starts what follows
-   inside the run's cgroups, without the global lock a cgroup.procs write takes;
+   inside the run's cgroups, without the global lock a cgroup.procs write takes,
+   and does step 1 itself with the same syscalls;
 1. `setpriv` drops to the sandbox uid/gid, clears groups and inheritable
    capabilities and sets no_new_privs;
 2. `bwrap` (unprivileged, in a new user namespace) builds the namespaces and mounts;
@@ -16,6 +17,7 @@ work that must happen between fork and exec is done by small separate programs:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +29,12 @@ _SYSTEM_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 def system_mounts() -> list[str]:
     """Read-only system: /usr and /etc, plus the merged-/usr links of this host."""
+    return list(_system_mounts())
+
+
+@functools.cache
+def _system_mounts() -> tuple[str, ...]:
+    # The host's / layout is looked at once per process, not once per run.
     args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for name in _SYSTEM_DIRS:
         path = Path("/") / name
@@ -34,7 +42,7 @@ def system_mounts() -> list[str]:
             args += ["--symlink", os.readlink(path), f"/{name}"]
         elif path.is_dir():
             args += ["--ro-bind", str(path), f"/{name}"]
-    return args
+    return tuple(args)
 
 
 def bwrap_argv(
@@ -83,15 +91,19 @@ def launcher_argv(
     parent: int,
     cgroup2: Path | None,
     tasks: Sequence[str],
+    drop_to: tuple[int, int] | None,
 ) -> list[str]:
     """The compiled launcher (sandbox_launch.c): it starts the rest of the command
     line inside the run's cgroups, cloned into `cgroup2` and joined to each v1
-    `tasks` file, before exec."""
+    `tasks` file, then (as root) drops to `drop_to` (uid, gid) exactly as
+    setpriv_argv() does, before exec."""
     args = [launcher, "--status", str(status_fd), "--parent", str(parent)]
     if cgroup2 is not None:
         args += ["--cgroup2", str(cgroup2)]
     for path in tasks:
         args += ["--tasks", path]
+    if drop_to is not None:
+        args += ["--uid", str(drop_to[0]), "--gid", str(drop_to[1])]
     return [*args, "--"]
 
 

@@ -25,10 +25,16 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+_tag: tuple[int, str] | None = None
+
+
 def owner_tag() -> str:
-    """`r<pid>-<starttime>` of the calling process."""
+    """`r<pid>-<starttime>` of the calling process (read once per process)."""
+    global _tag
     pid = os.getpid()
-    return f"r{pid}-{process_start_time(pid) or 0}"
+    if _tag is None or _tag[0] != pid:  # a forked child has its own pid
+        _tag = (pid, f"r{pid}-{process_start_time(pid) or 0}")
+    return _tag[1]
 
 
 def run_name() -> str:

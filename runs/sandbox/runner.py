@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import select
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from . import launch
+from . import launch, teardown
 from .capabilities import (
     HostCapabilities,
     SandboxUnavailable,
@@ -136,11 +137,12 @@ class _Run:
                         f.close()
             if self.proxy is not None:
                 self.proxy.stop()
-            if self.cgroup is not None:
-                self.cgroup.remove()
-            if self.tmp_dir is not None:
-                unmount_tmpfs(self.tmp_dir)
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            # Everything of the run has exited and been measured: the removal of
+            # its empty cgroups, /tmp mount and run directory happens after the
+            # result is returned (teardown.py).
+            teardown.defer(
+                functools.partial(_remove, self.cgroup, self.tmp_dir, self.run_dir)
+            )
 
     def _create_cgroup(self) -> None:
         writable = self.caps.cgroup_writable
@@ -200,16 +202,19 @@ class _Run:
         rest: list[str] = []
         if self.launcher is not None:
             assert self.cgroup is not None
+            # As root the launcher also does setpriv's uid drop (see its header).
             rest += launch.launcher_argv(
                 str(self.launcher),
                 status_fd=status_fd,
                 parent=os.getpid(),
                 cgroup2=self.cgroup.v2_dir,
                 tasks=self.cgroup.tasks_files,
+                drop_to=(uid, gid) if self.caps.is_root else None,
             )
         if self.caps.is_root:
-            assert self.caps.setpriv is not None
-            rest += launch.setpriv_argv(self.caps.setpriv, uid, gid)
+            if self.launcher is None:
+                assert self.caps.setpriv is not None
+                rest += launch.setpriv_argv(self.caps.setpriv, uid, gid)
         else:
             uid, gid = os.getuid(), os.getgid()
         if not self.caps.bwrap_works:
@@ -584,6 +589,14 @@ def _refused(refused: PathRefused, enforcement: dict[str, Any]) -> SandboxResult
         enforcement=enforcement,
         reap_confirmed=True,  # nothing was spawned
     )
+
+
+def _remove(cgroup: RunCgroup | None, tmp_dir: Path | None, run_dir: Path) -> None:
+    if cgroup is not None:
+        cgroup.remove()
+    if tmp_dir is not None:
+        unmount_tmpfs(tmp_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _give_workspace_to_sandbox(workspace: Path, settings: SandboxSettings) -> None:

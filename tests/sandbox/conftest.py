@@ -19,6 +19,7 @@ from runs.sandbox import (
     SandboxSettings,
     SandboxSpec,
     run_in_sandbox,
+    wait_for_teardown,
     workspace_create,
     workspace_release,
 )
@@ -90,6 +91,9 @@ def sandbox_processes() -> list[str]:
 @pytest.fixture(autouse=True)
 def _no_sandbox_left_behind(settings: SandboxSettings) -> Iterator[None]:
     yield
+    # The removal of a finished run's cgroups, mount and run directory happens
+    # after its result is returned; wait for it, boundedly, then check.
+    assert wait_for_teardown(10.0)
     assert sandbox_cgroups(settings.cgroup_group) == []
     assert sandbox_processes() == []
     runs = settings.state_dir / "runs"
