@@ -469,7 +469,7 @@ class _Run:
         extra: list[str] = []
         full: list[str] = []
         if self.tmp_dir is not None:
-            tmp = tmpfs_usage(self.tmp_dir)
+            tmp = tmpfs_usage(self.tmp_dir, walk_below=DISK_FULL_BYTES)
             if tmp.avail_bytes < DISK_FULL_BYTES:
                 biggest = ", ".join(f"{p} {n} bytes" for p, n in tmp.largest)
                 full.append(f"/tmp ({tmp.size_bytes} bytes; largest: {biggest})")

@@ -51,10 +51,17 @@ def unmount_tmpfs(target: Path) -> None:
         target.rmdir()
 
 
-def tmpfs_usage(target: Path, top: int = 5) -> TmpfsUsage:
-    """Size, room left and the largest files (never following symlinks)."""
+def tmpfs_usage(
+    target: Path, top: int = 5, *, walk_below: int | None = None
+) -> TmpfsUsage:
+    """Size, room left and the largest files (never following symlinks).
+
+    With `walk_below`, the files are listed only when less than that many bytes
+    are left: they are evidence for a full /tmp, not worth a walk otherwise."""
     st = os.statvfs(target)
     files: list[tuple[str, int]] = []
+    if walk_below is not None and st.f_bavail * st.f_frsize >= walk_below:
+        return TmpfsUsage(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, [])
     for dirpath, _dirnames, filenames in os.walk(target):
         for name in filenames:
             path = os.path.join(dirpath, name)
