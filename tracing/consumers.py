@@ -262,6 +262,11 @@ class RunStreamConsumer(_StreamConsumer):
         """A live event broadcast by run_event_append after commit."""
         await self._deliver(message["event"])
 
+    async def run_events(self, message: dict[str, Any]) -> None:
+        """Live events committed together, in order (see tracing.broadcast)."""
+        for event in message["events"]:
+            await self._deliver(event)
+
     async def _on_heartbeat(self) -> None:
         # A lost broadcast at the tail shows no gap until the next event: the
         # heartbeat looks at the log too.
@@ -329,3 +334,7 @@ class TenantStreamConsumer(_StreamConsumer):
 
     async def run_event(self, message: dict[str, Any]) -> None:
         await self._send(message["event"])
+
+    async def run_events(self, message: dict[str, Any]) -> None:
+        for event in message["events"]:
+            await self._send(event)

@@ -6,7 +6,7 @@ import contextvars
 import datetime as dt
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,7 +17,14 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tracing.redaction import redact, redact_attributes
-from tracing.store import PayloadMemo, SpanRecord, span_record_end, span_record_start
+from tracing.store import (
+    SpanHandle,
+    SpanRecord,
+    SpanWrite,
+    span_record_end,
+    span_record_start,
+    spans_store,
+)
 
 __all__ = [
     "RUN_ID_KEY",
@@ -25,6 +32,8 @@ __all__ = [
     "RedactingSpanExporter",
     "RunSpanProcessor",
     "long_lived",
+    "span_batch",
+    "span_batch_flush",
 ]
 
 logger = logging.getLogger(__name__)
@@ -93,17 +102,61 @@ def _record_of(span: ReadableSpan, *, ended: bool) -> SpanRecord:
     )
 
 
+class SpanBatch:
+    """Task span records waiting to be stored together (see `span_batch`)."""
+
+    def __init__(self) -> None:
+        self.writes: list[SpanWrite] = []
+
+    def flush(self) -> None:
+        writes, self.writes = self.writes, []
+        try:
+            spans_store(writes)
+        except Exception:  # noqa: BLE001 - tracing never breaks a run
+            logger.warning("tracing: could not store %d span records", len(writes),
+                           exc_info=True)  # fmt: skip
+
+
+_batch: contextvars.ContextVar[SpanBatch | None] = contextvars.ContextVar(
+    "tracing_span_batch", default=None
+)
+
+
+@contextmanager
+def span_batch() -> Iterator[None]:
+    """Task spans started or ended here are stored at the next `span_batch_flush`
+    (or when it ends) in one transaction, instead of one each: a step's records
+    cost a few commits, not six. The order of their events is kept."""
+    batch = SpanBatch()
+    token = _batch.set(batch)
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+        batch.flush()
+
+
+def span_batch_flush() -> None:
+    """Store what the current batch holds: call before a slow call (a model, a
+    tool) so its span is visible while it runs, and inside the transaction that
+    ends a step so its last records commit with it."""
+    batch = _batch.get()
+    if batch is not None:
+        batch.flush()
+
+
 class RunSpanProcessor(SpanProcessor):
     """Persist every span of a run at start and at end, with a RunEvent for each.
 
     Only spans carrying `cp.run.id` and `cp.tenant.id` belong to a run. Tracing
     never breaks a run: a failed write is logged and the run carries on.
+    A task's own spans are batched inside `span_batch`; long-lived ones (root,
+    approval wait) are written at once, after what the batch holds.
     """
 
     def __init__(self) -> None:
-        # Per open span: its row's pk, whether a worker holds it, and payload
-        # digests computed at start (the end repeats those attributes).
-        self._open: dict[tuple[int, int], tuple[int, bool, PayloadMemo]] = {}
+        # The open task spans: the row and payload digests their end reuses.
+        self._open: dict[tuple[int, int], SpanHandle] = {}
         self._lock = threading.Lock()
 
     def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
@@ -111,31 +164,42 @@ class RunSpanProcessor(SpanProcessor):
         if ids is None:
             return
         record = _record_of(span, ended=False)
-        record.leased = not _long_lived.get()
-        memo: PayloadMemo = {}
-        try:
-            row = span_record_start(
-                run_id=ids[0], tenant_id=ids[1], record=record, memo=memo
-            )
-        except Exception:  # noqa: BLE001 - see the class docstring
-            logger.warning("tracing: could not store span %s", span.name, exc_info=True)
+        if _long_lived.get():  # ends elsewhere, started again: never in _open
+            self._write_now(span, lambda: span_record_start(
+                run_id=ids[0], tenant_id=ids[1], record=record, memo={}
+            ))  # fmt: skip
             return
-        if record.leased:  # long-lived ones end elsewhere, started again
-            with self._lock:
-                self._open[self._key(span)] = (row.pk, True, memo)
+        handle = SpanHandle()
+        with self._lock:
+            self._open[self._key(span)] = handle
+        self._store(SpanWrite(ids[0], ids[1], record, handle, ended=False), span)
 
     def on_end(self, span: ReadableSpan) -> None:
         ids = self._ids(span)
         if ids is None:
             return
         with self._lock:
-            pk, leased, memo = self._open.pop(self._key(span), (None, False, {}))
+            handle = self._open.pop(self._key(span), None)
         record = _record_of(span, ended=True)
-        record.leased = leased
+        if handle is None:  # a long-lived span started again
+            self._write_now(span, lambda: span_record_end(
+                run_id=ids[0], tenant_id=ids[1], record=record, memo={}
+            ))  # fmt: skip
+            return
+        self._store(SpanWrite(ids[0], ids[1], record, handle, ended=True), span)
+
+    def _store(self, write: SpanWrite, span: ReadableSpan) -> None:
+        batch = _batch.get()
+        if batch is not None:
+            batch.writes.append(write)
+        else:
+            self._write_now(span, lambda: spans_store([write]))
+
+    @staticmethod
+    def _write_now(span: ReadableSpan, write: Callable[[], object]) -> None:
+        span_batch_flush()  # what is batched happened first
         try:
-            span_record_end(
-                run_id=ids[0], tenant_id=ids[1], record=record, memo=memo, pk=pk
-            )
+            write()
         except Exception:  # noqa: BLE001 - see the class docstring
             logger.warning("tracing: could not store span %s", span.name, exc_info=True)
 

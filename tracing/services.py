@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -18,6 +19,7 @@ __all__ = [
     "event_message",
     "run_event_append",
     "run_event_broadcast",
+    "run_events_append",
     "run_group",
     "tenant_group",
 ]
@@ -72,9 +74,19 @@ def _remember(run_id: Any, seq: int) -> None:
 def run_event_append(*, run: Run, type: str, payload: dict[str, Any]) -> RunEvent:
     """Append an event with the run's next seq and broadcast it once committed.
 
+    The caller's transaction, if any, is kept; the broadcast waits for the
+    outermost commit.
+    """
+    return run_events_append(run=run, events=[(type, payload)])[0]
+
+
+def run_events_append(
+    *, run: Run, events: Sequence[tuple[str, dict[str, Any]]]
+) -> list[RunEvent]:
+    """Append events, in order, with the run's next consecutive seqs (one insert).
+
     The unique (run, seq) constraint decides between concurrent writers: the loser
-    rolls back its savepoint and takes the next number. The caller's transaction,
-    if any, is kept; the broadcast waits for the outermost commit.
+    rolls back its savepoint and takes the next numbers.
     """
     # The last committed seq seen by this process saves the MAX query when this
     # process is the run's only writer (the lease holder); it is only ever
@@ -83,20 +95,31 @@ def run_event_append(*, run: Run, type: str, payload: dict[str, Any]) -> RunEven
     if last is None:
         last = _max_seq(run.pk)
     for _ in range(_APPEND_ATTEMPTS):
+        rows = [
+            RunEvent(run_id=run.pk, seq=last + offset, type=type, payload=payload)
+            for offset, (type, payload) in enumerate(events, start=1)
+        ]
         try:
             with transaction.atomic():
-                event = RunEvent.objects.create(
-                    run_id=run.pk, seq=last + 1, type=type, payload=payload
-                )
+                if len(rows) == 1:  # create() fills created_at and the pk anywhere
+                    rows[0].save(force_insert=True)
+                else:
+                    RunEvent.objects.bulk_create(rows)
         except IntegrityError:
             last = _max_seq(run.pk)
             continue
-        transaction.on_commit(functools.partial(_remember, run.pk, event.seq))
+        transaction.on_commit(functools.partial(_remember, run.pk, rows[-1].seq))
         transaction.on_commit(
-            functools.partial(run_event_broadcast, event=event, tenant_id=run.tenant_id)
+            functools.partial(_broadcast_all, events=rows, tenant_id=run.tenant_id)
         )
-        return event
+        return rows
     raise SeqConflict(f"run {run.pk}: no free seq after {_APPEND_ATTEMPTS} attempts")
+
+
+def _broadcast_all(*, events: list[RunEvent], tenant_id: object) -> None:
+    with broadcaster().together():
+        for event in events:
+            run_event_broadcast(event=event, tenant_id=tenant_id)
 
 
 def run_event_broadcast(*, event: RunEvent, tenant_id: object) -> None:

@@ -31,7 +31,7 @@ from opentelemetry.trace import (
 
 from runs.models import Run
 from tracing.models import Span
-from tracing.processor import RUN_ID_KEY, TENANT_ID_KEY, long_lived
+from tracing.processor import RUN_ID_KEY, TENANT_ID_KEY, long_lived, span_batch_flush
 from tracing.setup import fixed_ids, tracer
 from tracing.store import span_abandon
 
@@ -41,6 +41,7 @@ __all__ = [
     "chat_span",
     "root_span_id",
     "run_root_end",
+    "spans_abandon_of_dead_workers",
     "step_span",
     "tool_span",
     "traceparent_for",
@@ -212,26 +213,34 @@ def run_root_end(run: Run) -> None:
     )
 
 
-def _abandon_dead_workers(run: Run) -> None:
-    # We hold the run's lease: a leased span of this run still running belongs
-    # to a worker that died (or lost the lease) before ending it.
-    stale = Span.objects.filter(
-        run=run, status=Span.Status.RUNNING, lease_expires_at__isnull=False
-    ).filter(Q(lease_expires_at__lt=timezone.now()) | ~Q(worker=""))
-    for span in stale:
-        span_abandon(span=span, reason="its worker stopped before ending it")
+def spans_abandon_of_dead_workers(run: Run) -> None:
+    """Abandon the run's task spans still running; the caller holds or just
+    cleared the run's lease, so their workers died (or lost it) before ending them."""
+    try:
+        stale = Span.objects.filter(
+            run=run, status=Span.Status.RUNNING, lease_expires_at__isnull=False
+        ).filter(Q(lease_expires_at__lt=timezone.now()) | ~Q(worker=""))
+        for span in stale:
+            span_abandon(span=span, reason="its worker stopped before ending it")
+    except Exception:  # noqa: BLE001 - tracing never stops a run
+        logger.warning("tracing: sweeping spans of run %s", run.id, exc_info=True)
 
 
 @contextmanager
-def step_span(run: Run, *, traceparent: str | None = None) -> Iterator[trace.Span]:
+def step_span(
+    run: Run, *, traceparent: str | None = None, taken_over: bool = False
+) -> Iterator[trace.Span]:
     """The span of one task's step, a child of the run's root; ends the root when
-    the run is over."""
+    the run is over. `taken_over`: the previous step's worker did not release the
+    lease, so its spans may still be running (recovery sweeps the others)."""
     if not _traced(run):
         yield trace.INVALID_SPAN
         return
     try:
-        _abandon_dead_workers(run)
-        _root_start(run)
+        if taken_over:
+            spans_abandon_of_dead_workers(run)
+        if run.steps == 0:  # a later step runs after the first one stored it
+            _root_start(run)
     except Exception:  # noqa: BLE001 - tracing never stops a run
         logger.warning("tracing: root span of run %s", run.id, exc_info=True)
     parent = _context_from_traceparent(traceparent or "") or _context_from_traceparent(
@@ -306,6 +315,7 @@ def chat_span(
     with tracer().start_as_current_span(
         f"chat {agent.model}", kind=SpanKind.CLIENT, attributes=attributes
     ) as span:
+        span_batch_flush()  # visible while the model works
         yield ChatRecorder(span)
 
 
@@ -382,6 +392,7 @@ def tool_span(run: Run, *, call: Any, effect: str = "") -> Iterator[ToolRecorder
     with tracer().start_as_current_span(
         f"execute_tool {call.name}", attributes=attributes
     ) as span:
+        span_batch_flush()  # visible while the tool runs
         yield ToolRecorder(span, run)
 
 

@@ -20,17 +20,20 @@ from django.utils import timezone
 from runs.models import Run
 from tracing.models import RunEvent, Span, SpanPayload
 from tracing.redaction import redact, redact_attributes
-from tracing.services import run_event_append
+from tracing.services import run_event_append, run_events_append
 
 __all__ = [
     "PAYLOAD_KEYS",
+    "SpanHandle",
     "SpanRecord",
+    "SpanWrite",
     "payload_encode",
     "payload_store",
     "span_abandon",
     "span_event_payload",
     "span_record_end",
     "span_record_start",
+    "spans_store",
 ]
 
 # Attributes that carry model input/output and tool arguments/results: stored as
@@ -63,7 +66,6 @@ class SpanRecord:
     status: str = Span.Status.RUNNING
     status_message: str = ""
     events: list[dict[str, Any]] = field(default_factory=list)
-    leased: bool = False  # a worker holds it: abandoned when the lease expires
 
 
 def _json_default(value: Any) -> Any:
@@ -108,8 +110,13 @@ PayloadMemo = dict[str, tuple[Any, str]]
 
 
 def _split_payloads(
-    tenant_id: Any, raw: Mapping[str, Any], memo: PayloadMemo | None = None
+    tenant_id: Any,
+    raw: Mapping[str, Any],
+    memo: PayloadMemo | None = None,
+    pending: dict[tuple[Any, str], SpanPayload] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Plain (redacted) attributes and payload digests. Payload rows are stored
+    now, or added to `pending` for the caller to store in one insert."""
     plain: dict[str, Any] = {}
     payloads: dict[str, str] = {}
     for key, value in raw.items():
@@ -118,7 +125,17 @@ def _split_payloads(
             if known is not None and known[0] is value:
                 payloads[key] = known[1]
                 continue
-            payloads[key] = payload_store(tenant_id=tenant_id, value=value)
+            if pending is None:
+                payloads[key] = payload_store(tenant_id=tenant_id, value=value)
+            else:
+                digest, text, size = payload_encode(value)
+                pending.setdefault(
+                    (tenant_id, digest),
+                    SpanPayload(
+                        tenant_id=tenant_id, sha256=digest, size=size, content=text
+                    ),
+                )
+                payloads[key] = digest
             if memo is not None:
                 memo[key] = (value, payloads[key])
         else:
@@ -171,6 +188,134 @@ def _run_ref(run_id: Any, tenant_id: Any) -> Run:
     return Run(id=run_id, tenant_id=tenant_id)
 
 
+@dataclass
+class SpanHandle:
+    """What the start and the end of one task span share: its row, once stored,
+    and the payload digests computed at start (the end repeats those values)."""
+
+    memo: PayloadMemo = field(default_factory=dict)
+    pk: int | None = None
+
+
+@dataclass
+class SpanWrite:
+    """A task span's start or end, waiting to be stored (see `spans_store`)."""
+
+    run_id: Any
+    tenant_id: Any
+    record: SpanRecord
+    handle: SpanHandle
+    ended: bool
+
+
+def spans_store(writes: list[SpanWrite]) -> None:
+    """Store the starts and ends of task spans (a worker holds them), in order,
+    with one `span.started` / `span.ended` event each: one transaction, one insert
+    for the payloads, one for the new rows, one per run for the events.
+
+    A span whose start and end are both here is inserted complete.
+    """
+    if not writes:
+        return
+    with telemetry_transaction():
+        pending: dict[tuple[Any, str], SpanPayload] = {}
+        prepared = [
+            (write, *_split_payloads(
+                write.tenant_id, write.record.attributes, write.handle.memo, pending
+            ))
+            for write in writes
+        ]  # fmt: skip
+        if pending:
+            SpanPayload.objects.bulk_create(
+                list(pending.values()), ignore_conflicts=True
+            )
+        ends = {id(w.handle): w for w, _, _ in prepared if w.ended}
+        new_rows: dict[int, Span] = {}  # by handle
+        for write, attributes, payloads in prepared:
+            if write.ended or write.handle.pk is not None:
+                continue
+            end = ends.get(id(write.handle))
+            record = end.record if end is not None else write.record
+            new_rows[id(write.handle)] = _leased_row(
+                write, record, attributes, payloads
+            )
+        if new_rows:
+            Span.objects.bulk_create(list(new_rows.values()))
+        events: dict[tuple[Any, Any], list[tuple[str, dict[str, Any]]]] = {}
+        for write, attributes, payloads in prepared:
+            row = new_rows.get(id(write.handle))
+            if not write.ended:
+                assert row is not None
+                write.handle.pk = row.pk
+                started = span_event_payload(row)
+                if row.ended_at is not None:  # as it was when it started
+                    started.update(status=Span.Status.RUNNING, ended_at=None,
+                                   status_message="", events=[])  # fmt: skip
+                events.setdefault((write.run_id, write.tenant_id), []).append(
+                    ("span.started", started)
+                )
+                continue
+            if row is None:
+                row = _leased_end(write, attributes, payloads)
+            events.setdefault((write.run_id, write.tenant_id), []).append(
+                ("span.ended", span_event_payload(row))
+            )
+        for (run_id, tenant_id), run_events in events.items():
+            run_events_append(run=_run_ref(run_id, tenant_id), events=run_events)
+
+
+def _leased_row(
+    write: SpanWrite,
+    record: SpanRecord,
+    attributes: dict[str, Any],
+    payloads: dict[str, str],
+) -> Span:
+    ended = record.ended_at is not None
+    return Span(
+        run_id=write.run_id,
+        trace_id=record.trace_id,
+        span_id=record.span_id,
+        parent_span_id=record.parent_span_id,
+        name=record.name[:300],
+        kind=record.kind,
+        status=record.status,
+        status_message=redact(record.status_message),
+        started_at=record.started_at,
+        ended_at=record.ended_at,
+        attributes=attributes,
+        payloads=payloads,
+        events=redact(record.events),
+        worker=_worker_name(),
+        lease_expires_at=None
+        if ended
+        else timezone.now() + dt.timedelta(seconds=settings.TRACING_SPAN_LEASE_SECONDS),
+    )
+
+
+def _leased_end(
+    write: SpanWrite, attributes: dict[str, Any], payloads: dict[str, str]
+) -> Span:
+    """Complete the row stored at start; one UPDATE (it carries all attributes)."""
+    record = write.record
+    row = _leased_row(write, record, attributes, payloads)
+    row.pk = write.handle.pk
+    updated = Span.objects.filter(pk=row.pk, status=Span.Status.RUNNING).update(
+        name=row.name,
+        kind=row.kind,
+        status=row.status,
+        status_message=row.status_message,
+        ended_at=row.ended_at,
+        attributes=attributes,
+        payloads=payloads,
+        events=row.events,
+        lease_expires_at=None,
+    )
+    if updated:
+        return row
+    # Abandoned meanwhile, or gone: the general path.
+    return _span_end_row(write.run_id, record, attributes, payloads)
+
+
 def span_record_start(
     *,
     run_id: Any,
@@ -178,36 +323,23 @@ def span_record_start(
     record: SpanRecord,
     memo: PayloadMemo | None = None,
 ) -> Span:
-    """Store a started span (once: a span started again with the same ids, as a
-    long wait ending in another process, keeps its row) and log `span.started`."""
-    lease = None
-    if record.leased:
-        lease = timezone.now() + dt.timedelta(
-            seconds=settings.TRACING_SPAN_LEASE_SECONDS
-        )
+    """Store a long-lived span's start (once: started again with the same ids, as a
+    long wait ending in another process, it keeps its row) and log `span.started`."""
     with telemetry_transaction():  # payloads, span and event in one commit
         attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
-        fields = {
-            "run_id": run_id,
-            "parent_span_id": record.parent_span_id,
-            "name": record.name[:300],
-            "kind": record.kind,
-            "started_at": record.started_at,
-            "attributes": attributes,
-            "payloads": payloads,
-            "worker": _worker_name() if record.leased else "",
-            "lease_expires_at": lease,
-        }
-        if record.leased:
-            # A task's own span: new ids, never seen before.
-            span = Span.objects.create(
-                trace_id=record.trace_id, span_id=record.span_id, **fields
-            )
-            created = True
-        else:
-            span, created = Span.objects.get_or_create(
-                trace_id=record.trace_id, span_id=record.span_id, defaults=fields
-            )
+        span, created = Span.objects.get_or_create(
+            trace_id=record.trace_id,
+            span_id=record.span_id,
+            defaults={
+                "run_id": run_id,
+                "parent_span_id": record.parent_span_id,
+                "name": record.name[:300],
+                "kind": record.kind,
+                "started_at": record.started_at,
+                "attributes": attributes,
+                "payloads": payloads,
+            },
+        )
         if created:
             run_event_append(
                 run=_run_ref(run_id, tenant_id),
@@ -223,78 +355,49 @@ def span_record_end(
     tenant_id: Any,
     record: SpanRecord,
     memo: PayloadMemo | None = None,
-    pk: int | None = None,
 ) -> Span:
     """Complete (or create, for a span we never saw start) the span's row and log
-    `span.ended`. A task's own span (`leased`, `pk` known from its start) carries
-    all its attributes at the end: one UPDATE. A long-lived span started again
-    merges into the row it had."""
-    events = redact(record.events)
-    ended_at = record.ended_at or timezone.now()
+    `span.ended`; a long-lived span started again merges into the row it had."""
     with telemetry_transaction():  # payloads, span and event in one commit
         attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
-        span: Span | None = None
-        if record.leased and pk is not None:
-            span = Span(
-                pk=pk,
-                run_id=run_id,
-                trace_id=record.trace_id,
-                span_id=record.span_id,
-                parent_span_id=record.parent_span_id,
-                name=record.name[:300],
-                kind=record.kind,
-                status=record.status,
-                status_message=redact(record.status_message),
-                started_at=record.started_at,
-                ended_at=ended_at,
-                attributes=attributes,
-                payloads=payloads,
-                events=events,
-                worker=_worker_name(),
-                lease_expires_at=None,
-            )
-            updated = Span.objects.filter(pk=pk, status=Span.Status.RUNNING).update(
-                name=span.name,
-                kind=span.kind,
-                status=span.status,
-                status_message=span.status_message,
-                ended_at=ended_at,
-                attributes=attributes,
-                payloads=payloads,
-                events=events,
-                lease_expires_at=None,
-            )
-            if not updated:
-                span = None  # abandoned meanwhile, or gone: the general path
-        if span is None:
-            span = (
-                Span.objects.select_for_update()
-                .filter(trace_id=record.trace_id, span_id=record.span_id)
-                .first()
-            )
-            if span is None:
-                span = Span(
-                    run_id=run_id,
-                    trace_id=record.trace_id,
-                    span_id=record.span_id,
-                    parent_span_id=record.parent_span_id,
-                    started_at=record.started_at,
-                )
-            span.name = record.name[:300]
-            span.kind = record.kind
-            span.status = record.status
-            span.status_message = redact(record.status_message)
-            span.ended_at = ended_at
-            span.attributes = {**span.attributes, **attributes}
-            span.payloads = {**span.payloads, **payloads}
-            span.events = events
-            span.lease_expires_at = None
-            span.save()
+        span = _span_end_row(run_id, record, attributes, payloads)
         run_event_append(
             run=_run_ref(run_id, tenant_id),
             type="span.ended",
             payload=span_event_payload(span),
         )
+    return span
+
+
+def _span_end_row(
+    run_id: Any,
+    record: SpanRecord,
+    attributes: dict[str, Any],
+    payloads: dict[str, str],
+) -> Span:
+    span = (
+        Span.objects.select_for_update()
+        .filter(trace_id=record.trace_id, span_id=record.span_id)
+        .first()
+    )
+    if span is None:
+        span = Span(
+            run_id=run_id,
+            trace_id=record.trace_id,
+            span_id=record.span_id,
+            parent_span_id=record.parent_span_id,
+            started_at=record.started_at,
+        )
+    span.name = record.name[:300]
+    span.kind = record.kind
+    span.status = record.status
+    span.status_message = redact(record.status_message)
+    span.ended_at = record.ended_at or timezone.now()
+    span.attributes = {**span.attributes, **attributes}
+    span.payloads = {**span.payloads, **payloads}
+    span.events = redact(record.events)
+    span.lease_expires_at = None
+    span.save()
     return span
 
 

@@ -7,12 +7,21 @@ from the same round; no user text sits between a call and its result.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from runs.engine.actions import ToolCall
+
+
+def _json_copy(value: Any) -> Any:
+    """A copy of JSON-shaped data; copy.deepcopy's memo costs several times more
+    and a checkpoint copies the whole transcript."""
+    if isinstance(value, dict):
+        return {key: _json_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_copy(item) for item in value]
+    return value
 
 
 class TranscriptError(ValueError):
@@ -80,8 +89,8 @@ class Transcript:
         return []
 
     def to_list(self) -> list[dict[str, Any]]:
-        return copy.deepcopy(self.messages)
+        return [_json_copy(message) for message in self.messages]
 
     @classmethod
     def from_list(cls, messages: Sequence[Mapping[str, Any]]) -> Transcript:
-        return cls([dict(copy.deepcopy(m)) for m in messages])
+        return cls([_json_copy(dict(message)) for message in messages])

@@ -21,10 +21,14 @@ from django.utils import timezone
 
 from controlplane.budget_ledger import BudgetRefusal
 from controlplane.budget_services import (
+    ExtensionAsk,
     budget_after_model_call,
     budget_after_tool_call,
     budget_before_model_call,
     budget_before_tool_call,
+    budget_cap_extension_ask,
+    budget_period_extension_ask,
+    budget_run_cap_refused_event,
     budget_run_ended,
     stop_reason_for,
 )
@@ -37,7 +41,11 @@ from runs.engine.actions import (
     decode_reply,
 )
 from runs.engine.adapters import ModelError
-from runs.engine.budget import charge_model_call
+from runs.engine.budget import (
+    charge_model_call,
+    check_before_tool_call,
+    estimate_input_tokens,
+)
 from runs.engine.envelope import ToolResult
 from runs.engine.evaluator import EvaluationSubject, run_evaluator
 from runs.engine.loop import EngineState
@@ -77,6 +85,7 @@ from runs.services.lifecycle import (
     run_save,
     step_dispatch_on_commit,
 )
+from tracing.processor import span_batch
 from tracing.spans import (
     approval_span_open,
     approval_span_settle,
@@ -140,9 +149,10 @@ def run_advance(
     Returns what happened: skipped, continued, waiting, finished or lease_lost.
     `traceparent` names the run's root span (the trace crosses into the task).
     """
-    run = lease_acquire(run_id=run_id, step_token=step_token, owner=owner)
-    if run is None:
+    lease = lease_acquire(run_id=run_id, step_token=step_token, owner=owner)
+    if lease is None:
         return "skipped"
+    run = lease.run
     state = EngineState.from_dict(run.engine_state)
     ctx = StepContext(
         run=run,
@@ -151,11 +161,16 @@ def run_advance(
         started=time.monotonic(),
         base_wall_seconds=state.usage.wall_seconds,
     )
-    spans = ExitStack()  # the step span; ends the run's root span when it is over
-    spans.enter_context(step_span(run, traceparent=traceparent))
+    # The step span (it ends the run's root span when the run is over), its
+    # children's records batched into a few commits.
+    spans = ExitStack()
+    spans.enter_context(span_batch())
+    spans.enter_context(
+        step_span(run, traceparent=traceparent, taken_over=lease.taken_over)
+    )
     try:
         _step(ctx)
-        _continue(ctx)
+        _continue(ctx, spans)
         return "continued"
     except StepEnded as ended:
         return ended.outcome
@@ -205,6 +220,14 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
         price=runtime.config.price,
     )
     if not isinstance(plan, ModelCallPlan):
+        estimate = estimate_input_tokens(messages, tools)
+        reserve = runtime.config.reserve_output_tokens
+        ask = budget_cap_extension_ask(
+            run=ctx.run, reason=plan, usage=state.usage, limits=runtime.limits,
+            reserve_output_tokens=reserve, estimated_input_tokens=estimate,
+            call_cost=runtime.config.price.cost(estimate, reserve),
+        )  # fmt: skip
+        _ask_to_extend(ctx, ask)
         _finish(ctx, plan, detail=f"refused before the model call: {plan}")
     reserved = budget_before_model_call(
         run=ctx.run,
@@ -453,6 +476,16 @@ def _recover_interrupted(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> 
 def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
     tool = ctx.runtime.registry.get(call.name)
     assert tool is not None
+    usage = ctx.state.usage.with_wall_seconds(ctx.elapsed())
+    capped = check_before_tool_call(
+        usage, ctx.runtime.limits, tool_cost=tool.money_cost
+    )
+    if capped is not None:  # a run cap refuses it: ask first if the tenant wants
+        ask = budget_cap_extension_ask(
+            run=ctx.run, reason=capped, usage=usage, limits=ctx.runtime.limits,
+            call_cost=tool.money_cost,
+        )  # fmt: skip
+        _ask_to_extend(ctx, ask)
     reserved = budget_before_tool_call(run=ctx.run, tool=tool, call_id=call.call_id)
     if isinstance(reserved, BudgetRefusal):
         _finish_budget_refused(ctx, reserved)
@@ -600,8 +633,29 @@ def _finish(
     raise StepEnded("finished")
 
 
+def _ask_to_extend(ctx: StepContext, ask: ExtensionAsk | None) -> None:
+    """The tenant chose to be asked: instead of ending the run, wait for an
+    approval "extend <dimension> by X" (holding no worker). Approved, the step
+    runs again from the refused reservation; denied, the run ends (approvals).
+    Returns only when there is nothing to ask (the run then ends as before)."""
+    if ask is None:
+        return
+    from approvals.services import approval_request_open_budget
+
+    with transaction.atomic():
+        if ask.scope == "run_cap":  # the ledger says so for a tenant limit
+            budget_run_cap_refused_event(run=ctx.run, ask=ask)
+        approval_request_open_budget(run=ctx.run, ask=ask)
+        ctx.checkpoint(
+            status=Run.Status.WAITING_APPROVAL, step_token=None, lease_owner=""
+        )
+    raise StepEnded("waiting")
+
+
 def _finish_budget_refused(ctx: StepContext, refusal: BudgetRefusal) -> None:
-    """A reservation was refused before the call: end as budget_exhausted."""
+    """A reservation was refused before the call: end as budget_exhausted (or,
+    if the tenant chose so, ask to extend the budget)."""
+    _ask_to_extend(ctx, budget_period_extension_ask(run=ctx.run, refusal=refusal))
     _finish(
         ctx,
         stop_reason_for(refusal),
@@ -610,8 +664,10 @@ def _finish_budget_refused(ctx: StepContext, refusal: BudgetRefusal) -> None:
     )
 
 
-def _continue(ctx: StepContext) -> None:
-    """Release the lease and enqueue the next step in one commit."""
+def _continue(ctx: StepContext, spans: ExitStack) -> None:
+    """Release the lease and enqueue the next step in one commit, which also
+    stores the step's last span records (before the next step's can start)."""
     with transaction.atomic():
         ctx.checkpoint(lease_owner="", lease_expires_at=None, step_token=uuid.uuid4())
+        spans.close()
         step_dispatch_on_commit(ctx.run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -131,7 +131,14 @@ def run_start(
     return run
 
 
-def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Run | None:
+class Lease(NamedTuple):
+    run: Run
+    # The previous step ended without releasing the lease (its worker died, or
+    # this is a redelivery): what it left running must be swept.
+    taken_over: bool
+
+
+def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     """Take the run's lease by compare-and-set on `version`; None if not ours to take.
 
     A delivery whose token is stale, a run already finished or waiting, or a lease
@@ -158,9 +165,10 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Run | None:
     won = Run.objects.filter(id=run.id, version=run.version).update(**changes)
     if not won:
         return None
+    taken_over = bool(run.lease_owner)
     for name, value in changes.items():
         setattr(run, name, value)
-    return run
+    return Lease(run, taken_over)
 
 
 class LeaseLost(Exception):

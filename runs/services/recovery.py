@@ -13,6 +13,7 @@ from django.utils import timezone
 from controlplane.budget_services import budget_release_run, runs_start_queued
 from runs.models import Run
 from runs.services.lifecycle import step_enqueue
+from tracing.spans import spans_abandon_of_dead_workers
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +36,11 @@ def recover_stalled_runs() -> int:
                 lease_owner="", lease_expires_at=None, version=version + 1
             )
             if won:
+                run = Run.objects.get(id=run_id)
+                spans_abandon_of_dead_workers(run)
                 # What the crashed step reserved was never settled: give it back.
                 budget_release_run(run_id=run_id)
-                step_enqueue(Run.objects.get(id=run_id))
+                step_enqueue(run)
                 recovered += 1
                 logger.warning("run %s: no live worker; enqueued its next step", run_id)
     # Safety net for a finisher that died before starting the next queued run.

@@ -71,7 +71,8 @@ class ScriptedModel:
     def __init__(
         self, script: Sequence[ScriptEntry], *, model: str = "scripted"
     ) -> None:
-        self._replies = [reply_from_entry(e, i, model) for i, e in enumerate(script)]
+        # Parsed when used: a task of a long run asks for one reply of many.
+        self._script = list(script)
         self._model = model
         self.calls = 0
         self.max_output_tokens_seen: list[int] = []
@@ -98,7 +99,7 @@ class ScriptedModel:
 
     @property
     def remaining(self) -> int:
-        return len(self._replies) - self.calls
+        return len(self._script) - self.calls
 
     def complete(
         self,
@@ -107,12 +108,12 @@ class ScriptedModel:
         max_output_tokens: int,
     ) -> ModelReply:
         self.max_output_tokens_seen.append(max_output_tokens)
-        if self.calls >= len(self._replies):
+        if self.calls >= len(self._script):
             raise ModelError(
                 "script_exhausted",
-                f"the scripted model has no reply left after {len(self._replies)}",
+                f"the scripted model has no reply left after {len(self._script)}",
             )
-        reply = self._replies[self.calls]
+        reply = reply_from_entry(self._script[self.calls], self.calls, self._model)
         self.calls += 1
         if reply.text and "{{" in reply.text:
             reply = replace(reply, text=fill_placeholders(reply.text, messages))
