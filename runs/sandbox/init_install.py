@@ -13,6 +13,10 @@ the state directory. Two inits exist:
   (the .pyc's magic number matches that interpreter by construction; if compiling
   fails, the plain source is used). Used for network allowlists (the bridge lives
   only there), without a compiler, or when the C build fails.
+
+The launcher (`sandbox_launch.c`, see its header) is built the same way into
+`bin/sandbox_launch-<digest>`; without it the runner falls back to setpriv and to
+moving the starting sandbox into its cgroups itself.
 """
 
 from __future__ import annotations

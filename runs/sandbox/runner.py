@@ -333,13 +333,14 @@ class _Run:
     def _join_cgroup(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
         """Move the starting sandbox (bwrap and the init) into the run's cgroups.
 
-        Done from here while bubblewrap and the init start, rather than by a
-        launcher before exec: the first cgroup migration after an idle spell waits
-        for an RCU grace period (~13 ms measured here), which this overlaps with
-        bubblewrap's start-up. The init spawns nothing until released, so the
-        workload and everything it forks are born inside the cgroups; only the
-        start-up memory of bwrap and the init stays charged outside. Before the
-        release, every cgroup.procs is read back to check that it lists them all.
+        The fallback when the compiled launcher is missing (no C compiler): each
+        cgroup.procs write takes the kernel's global threadgroup rwsem, and the
+        first after an idle spell waits for an RCU grace period (~7 ms here), which
+        this overlaps with bubblewrap's start-up. The init spawns nothing until
+        released, so the workload and everything it forks are born inside the
+        cgroups; only the start-up memory of bwrap and the init stays charged
+        outside. Before the release, every cgroup.procs is read back to check that
+        it lists them all.
         """
         if self.cgroup is None:
             return
