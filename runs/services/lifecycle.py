@@ -247,9 +247,10 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
         before={"status": locked.status},
     )
     if locked.status == Run.Status.RUNNING and locked.lease_owner:
-        Run.objects.filter(id=locked.id).update(
-            cancel_requested=True, version=F("version") + 1
-        )
+        # The worker in the step stops at its next phase boundary. The version
+        # stays: bumping it would make the worker's next write lose its lease,
+        # and the run would wait out the lease before anything cancelled it.
+        Run.objects.filter(id=locked.id).update(cancel_requested=True)
         locked.refresh_from_db()
         return locked
     state = EngineState.from_dict(locked.engine_state)
