@@ -131,34 +131,34 @@ class RunCgroup:
         mem = self._dir_for("memory")
         if memory_bytes is not None and mem is not None:
             if self._is_v2("memory"):
-                _write(mem / "memory.max", str(memory_bytes))
-                _write_optional(mem / "memory.swap.max", "0")
+                _write(f"{mem}/memory.max", str(memory_bytes))
+                _write_optional(f"{mem}/memory.swap.max", "0")
                 self.applied["oom_group"] = _write_optional(
-                    mem / "memory.oom.group", "1"
+                    f"{mem}/memory.oom.group", "1"
                 )
             else:
-                _write(mem / "memory.limit_in_bytes", str(memory_bytes))
+                _write(f"{mem}/memory.limit_in_bytes", str(memory_bytes))
                 # memsw bounds memory+swap so a hog cannot spill into swap.
-                _write_optional(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))
+                _write_optional(f"{mem}/memory.memsw.limit_in_bytes", str(memory_bytes))
             self.applied["memory_limit"] = True
         pids_dir = self._dir_for("pids")
         if pids is not None and pids_dir is not None:
-            _write(pids_dir / "pids.max", str(pids))
+            _write(f"{pids_dir}/pids.max", str(pids))
             self.applied["pids_limit"] = True
         cpu = self._dir_for("cpu")
         if cpu_quota is not None and cpu is not None:
             quota = max(1000, int(cpu_quota * CPU_PERIOD_US))
             if self._is_v2("cpu"):
-                _write(cpu / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+                _write(f"{cpu}/cpu.max", f"{quota} {CPU_PERIOD_US}")
             else:
-                _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
-                _write(cpu / "cpu.cfs_quota_us", str(quota))
+                _write(f"{cpu}/cpu.cfs_period_us", str(CPU_PERIOD_US))
+                _write(f"{cpu}/cpu.cfs_quota_us", str(quota))
             self.applied["cpu_quota"] = True
 
     def attach(self, pid: int) -> None:
         """Move one process into every hierarchy of the run (v1 first, v2 last)."""
         for path in self.procs_files:
-            _write(Path(path), str(pid))
+            _write(path, str(pid))
 
     def holds(self, pids: list[int]) -> bool:
         """True if every hierarchy of the run lists every one of `pids`."""
@@ -171,7 +171,7 @@ class RunCgroup:
         order = sorted(k for k in self.dirs if k != "v2") + (
             ["v2"] if "v2" in self.dirs else []
         )
-        return [str(self.dirs[k] / "cgroup.procs") for k in order]
+        return [f"{self.dirs[k]}/cgroup.procs" for k in order]
 
     @property
     def v2_dir(self) -> Path | None:
@@ -181,14 +181,14 @@ class RunCgroup:
     @property
     def tasks_files(self) -> list[str]:
         """The v1 `tasks` files the launcher's child writes "0" to (itself)."""
-        return [str(self.dirs[k] / "tasks") for k in sorted(self.dirs) if k != "v2"]
+        return [f"{self.dirs[k]}/tasks" for k in sorted(self.dirs) if k != "v2"]
 
     def pids_limit_hit(self) -> bool:
         """True once the pids controller has refused a fork (cheap; polled)."""
         pids_dir = self._dir_for("pids")
         if pids_dir is None:
             return False
-        return _keyed(pids_dir / "pids.events").get("max", 0) > 0
+        return _keyed(f"{pids_dir}/pids.events").get("max", 0) > 0
 
     def counters(self) -> dict[str, int]:
         """Event counters first, then current values (CG-R1)."""
@@ -196,39 +196,39 @@ class RunCgroup:
         mem = self._dir_for("memory")
         if mem is not None:
             if self._is_v2("memory"):
-                events = _keyed(mem / "memory.events")
+                events = _keyed(f"{mem}/memory.events")
                 out["oom_kill"] = events.get("oom_kill", 0)
                 out["memory_max_events"] = events.get("max", 0)
-                peak = _read_int(mem / "memory.peak")
+                peak = _read_int(f"{mem}/memory.peak")
             else:
-                out["oom_kill"] = _keyed(mem / "memory.oom_control").get("oom_kill", 0)
-                out["memory_max_events"] = _read_int(mem / "memory.failcnt") or 0
-                peak = _read_int(mem / "memory.max_usage_in_bytes")
+                out["oom_kill"] = _keyed(f"{mem}/memory.oom_control").get("oom_kill", 0)
+                out["memory_max_events"] = _read_int(f"{mem}/memory.failcnt") or 0
+                peak = _read_int(f"{mem}/memory.max_usage_in_bytes")
             if peak is not None:
                 out["memory_peak_bytes"] = peak
         pids_dir = self._dir_for("pids")
         if pids_dir is not None:
-            out["pids_max_events"] = _keyed(pids_dir / "pids.events").get("max", 0)
-            peak = _read_int(pids_dir / "pids.peak")
+            out["pids_max_events"] = _keyed(f"{pids_dir}/pids.events").get("max", 0)
+            peak = _read_int(f"{pids_dir}/pids.peak")
             if peak is not None:
                 out["pids_peak"] = peak
         cpu = self._dir_for("cpu")
         if cpu is not None:
-            out["cpu_nr_throttled"] = _keyed(cpu / "cpu.stat").get("nr_throttled", 0)
+            out["cpu_nr_throttled"] = _keyed(f"{cpu}/cpu.stat").get("nr_throttled", 0)
         if "v2" in self.dirs:
-            usage = _keyed(self.dirs["v2"] / "cpu.stat").get("usage_usec")
+            usage = _keyed(f"{self.dirs['v2']}/cpu.stat").get("usage_usec")
             if usage is not None:
                 out["cpu_usage_usec"] = usage
         return out
 
     def populated(self) -> bool:
         if "v2" in self.dirs:
-            return _keyed(self.dirs["v2"] / "cgroup.events").get("populated", 0) == 1
+            return _keyed(f"{self.dirs['v2']}/cgroup.events").get("populated", 0) == 1
         return any(_procs(d) for d in self.dirs.values())
 
     def kill(self) -> str:
         """Kill every process of the run, setsid escapees too; return the method."""
-        if "v2" in self.dirs and _write_optional(self.dirs["v2"] / "cgroup.kill", "1"):
+        if "v2" in self.dirs and _write_optional(f"{self.dirs['v2']}/cgroup.kill", "1"):
             return "cgroup.kill"
         # No cgroup.kill: SIGKILL everything listed, repeatedly, until nothing is left;
         # a pid namespace under bubblewrap means nothing can fork faster than we kill.
@@ -320,10 +320,10 @@ def _mkdir_in(base: Path, name: str) -> Path:
     return path
 
 
-# Control files are read and written with bare os calls: they are tiny, and a run
-# touches a dozen of them, where open()'s buffered text layer costs more than the
-# kernel does.
-def _write(path: Path, value: str) -> None:
+# Control files are read and written with bare os calls on string paths: they are
+# tiny, and a run touches a dozen of them, where open()'s buffered text layer and
+# pathlib's joins cost more than the kernel does.
+def _write(path: str | Path, value: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, value.encode())
@@ -331,7 +331,7 @@ def _write(path: Path, value: str) -> None:
         os.close(fd)
 
 
-def _read(path: Path) -> str:
+def _read(path: str | Path) -> str:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = []
@@ -342,7 +342,7 @@ def _read(path: Path) -> str:
     return b"".join(chunks).decode()
 
 
-def _write_optional(path: Path, value: str) -> bool:
+def _write_optional(path: str | Path, value: str) -> bool:
     try:
         _write(path, value)
         return True
@@ -350,14 +350,14 @@ def _write_optional(path: Path, value: str) -> bool:
         return False
 
 
-def _read_int(path: Path) -> int | None:
+def _read_int(path: str | Path) -> int | None:
     try:
         return int(_read(path).strip())
     except (OSError, ValueError):
         return None
 
 
-def _keyed(path: Path) -> dict[str, int]:
+def _keyed(path: str | Path) -> dict[str, int]:
     out: dict[str, int] = {}
     try:
         text = _read(path)
@@ -372,8 +372,8 @@ def _keyed(path: Path) -> dict[str, int]:
     return out
 
 
-def _procs(path: Path) -> list[int]:
+def _procs(path: str | Path) -> list[int]:
     try:
-        return [int(x) for x in _read(path / "cgroup.procs").split()]
+        return [int(x) for x in _read(f"{path}/cgroup.procs").split()]
     except OSError:
         return []

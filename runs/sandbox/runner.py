@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import math
 import os
@@ -13,7 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from . import launch, teardown
 from .capabilities import (
@@ -76,9 +77,11 @@ def run_in_sandbox(
 
 @dataclass
 class _Files:
-    out: IO[bytes]
-    err: IO[bytes]
-    stdin: IO[bytes] | None
+    """File descriptors of the run's stdout, stderr and (optional) stdin."""
+
+    out: int
+    err: int
+    stdin: int | None
 
 
 class _Run:
@@ -132,9 +135,9 @@ class _Run:
             return self._launch_and_watch(init, extra_binds, files)
         finally:
             if files is not None:
-                for f in (files.out, files.err, files.stdin):
-                    if f is not None:
-                        f.close()
+                for fd in (files.out, files.err, files.stdin):
+                    if fd is not None:
+                        os.close(fd)
             if self.proxy is not None:
                 self.proxy.stop()
             # Everything of the run has exited and been measured: the removal of
@@ -161,16 +164,24 @@ class _Run:
             self.enforcement[key] = value
 
     def _open_files(self) -> _Files:
-        # Files, not pipes (OUT-1): the parent never blocks on the child's output.
-        # They outlive this method and are closed in execute()'s finally.
-        out = open(self.run_dir / "stdout", "w+b", opener=_private)  # noqa: SIM115
-        err = open(self.run_dir / "stderr", "w+b", opener=_private)  # noqa: SIM115
-        stdin = None
-        if self.spec.stdin_data is not None:
-            path = self.run_dir / "stdin"
-            path.write_bytes(self.spec.stdin_data)
-            stdin = open(path, "rb")  # noqa: SIM115
-        return _Files(out, err, stdin)
+        """Memory files (memfd), not pipes (OUT-1): the parent never blocks on the
+        child's output. Not on disk either: creating and unlinking two files per
+        run on ext4 cost ~0.3 ms here (inode allocation skips recently deleted
+        inodes). Mode 0600 like the files they replace, so no other uid-65534
+        process can reopen them through /proc. Written pages are charged to the
+        writer's memory cgroup, as page cache was; RLIMIT_FSIZE applies as it did.
+        Closed in execute()'s finally."""
+        fds: list[int] = []
+        try:
+            for name in ("stdout", "stderr"):
+                fds.append(_memfd(name))
+            if self.spec.stdin_data is not None:
+                fds.append(_sealed_input(self.spec.stdin_data))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return _Files(fds[0], fds[1], fds[2] if len(fds) > 2 else None)
 
     def _argv(
         self,
@@ -388,10 +399,7 @@ class _Run:
                     return "wall_clock"
                 if poller.poll(min(remaining, _TICK_SECONDS) * 1000):
                     return None
-                size = (
-                    os.fstat(files.out.fileno()).st_size
-                    + os.fstat(files.err.fileno()).st_size
-                )
+                size = os.fstat(files.out).st_size + os.fstat(files.err).st_size
                 if size > cap:
                     return "output_limit"
                 if (
@@ -622,9 +630,35 @@ def _cpu_rlimit(cpu_seconds: float | None) -> list[int] | None:
     return [soft, soft + 1]
 
 
-def _private(path: str, flags: int) -> int:
-    """Output files are readable by root only, whatever the umask."""
-    return os.open(path, flags, 0o600)
+def _memfd(name: str, flags: int = 0) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | flags)
+    try:
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _sealed_input(data: bytes) -> int:
+    """A read-only fd on a sealed memfd holding `data` (the workload's stdin)."""
+    fd = _memfd("stdin", os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(
+            fd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_SEAL
+            | fcntl.F_SEAL_SHRINK
+            | fcntl.F_SEAL_GROW
+            | fcntl.F_SEAL_WRITE,
+        )
+        # A fresh read-only open file description, at offset 0.
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(fd)
 
 
 def _process_tree(pid: int) -> list[int]:
@@ -673,7 +707,14 @@ def _read_status(fd: int) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _read_capped(f: IO[bytes], cap: int) -> tuple[str, int]:
-    size = os.fstat(f.fileno()).st_size
-    f.seek(0)
-    return f.read(cap).decode("utf-8", errors="replace"), size
+def _read_capped(fd: int, cap: int) -> tuple[str, int]:
+    size = os.fstat(fd).st_size
+    chunks: list[bytes] = []
+    got = 0
+    while got < min(cap, size):
+        chunk = os.pread(fd, min(cap, size) - got, got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace"), size

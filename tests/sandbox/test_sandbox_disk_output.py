@@ -146,6 +146,25 @@ def test_stdin_data_is_delivered(settings: SandboxSettings, workspace: Path) -> 
     assert r.ok and r.stdout == ""  # stdin is /dev/null by default
 
 
+def test_output_and_input_cannot_be_reopened_or_rewritten(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    # stdout/stderr/stdin are root-only (0600) memory files: the workload writes to
+    # the fds it was given, but cannot reopen them through /proc (nor could any
+    # other uid-65534 process), and its stdin is read-only and sealed.
+    script = (
+        "echo a; echo x > /proc/self/fd/1 || echo no-reopen-out; "
+        "cat /proc/self/fd/0 || echo no-reopen-in; "
+        "echo y >&0 || echo no-write-in; cat"
+    )
+    spec = SandboxSpec(
+        argv=["sh", "-c", script], workspace=workspace, stdin_data=b"in\n"
+    )
+    r = run_in_sandbox(spec, settings)
+    assert r.stdout == "a\nno-reopen-out\nno-reopen-in\nno-write-in\nin\n", r.stderr
+    assert r.stderr.count("Permission denied") == 2
+
+
 def test_workspace_files_survive_and_belong_to_sandbox_uid(
     settings: SandboxSettings, workspace: Path
 ) -> None:
