@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import socket
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,6 +106,29 @@ def payload_store(*, tenant_id: Any, value: Any) -> str:
     return digest
 
 
+_encoded: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
+_ENCODED_LIMIT = 64
+_encoded_lock = threading.Lock()
+
+
+def _payload_encode_cached(value: Any) -> tuple[str, str, int]:
+    """payload_encode, remembered for recent JSON texts: every chat span of a run
+    carries the same tool definitions."""
+    if not isinstance(value, str):
+        return payload_encode(value)
+    with _encoded_lock:
+        known = _encoded.get(value)
+        if known is not None:
+            _encoded.move_to_end(value)
+            return known
+    encoded = payload_encode(value)
+    with _encoded_lock:
+        _encoded[value] = encoded
+        if len(_encoded) > _ENCODED_LIMIT:
+            _encoded.popitem(last=False)
+    return encoded
+
+
 # Payload digests by (span, attribute) with the raw value they were computed
 # from: a span's end repeats its start's attributes, identical objects.
 PayloadMemo = dict[str, tuple[Any, str]]
@@ -128,7 +153,7 @@ def _split_payloads(
             if pending is None:
                 payloads[key] = payload_store(tenant_id=tenant_id, value=value)
             else:
-                digest, text, size = payload_encode(value)
+                digest, text, size = _payload_encode_cached(value)
                 pending.setdefault(
                     (tenant_id, digest),
                     SpanPayload(

@@ -2,9 +2,10 @@
 
 A task either resolves the open tool calls of the last assistant turn (after an
 approval or a crash) or asks the model for the next action, persists it, then runs
-its calls in order. Every result is persisted, together with the transcript, before
-anything else happens; a call is marked `executing` (committed) before its handler
-runs, so after a crash the host knows which calls may have taken effect.
+its calls in order. Every result is on its call's row before anything else
+happens, and in the transcript by the write that ends the step; a call is marked
+`executing` (committed) before its handler runs, so after a crash the host knows
+which calls may have taken effect.
 """
 
 from __future__ import annotations
@@ -196,17 +197,16 @@ def _step(ctx: StepContext) -> None:
         assert step is not None, "open calls without a recorded step"
         _after_calls(ctx, step, _run_calls(ctx, step, open_calls))
         return
-    step, action = _ask_model(ctx)
+    step, action, rows = _ask_model(ctx)
     if isinstance(action, FinalAnswer):
         ctx.state.final_text = action.text
         _finish(ctx, StopReason.DONE)
-    rows = []
     if isinstance(action, ToolCallsAction):
-        rows = _run_calls(ctx, step, list(action.calls))
+        rows = _run_calls(ctx, step, list(action.calls), rows)
     _after_calls(ctx, step, rows)
 
 
-def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
+def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
     state, runtime = ctx.state, ctx.runtime
     state.usage = state.usage.with_wall_seconds(ctx.elapsed())
     messages = state.transcript.messages
@@ -258,6 +258,7 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
         state.usage, usage.input_tokens, usage.output_tokens, runtime.config.price
     )
     action = record_reply(state.transcript, reply)
+    rows: list[ToolCallRow] = []
     with transaction.atomic():
         step = Step.objects.create(
             run=ctx.run,
@@ -277,7 +278,7 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
         if isinstance(action, ToolCallsAction):
             for position, call in enumerate(action.calls):
                 tool = runtime.registry.get(call.name)
-                ToolCallRow.objects.create(
+                created = ToolCallRow.objects.create(
                     run=ctx.run,
                     step=step,
                     position=position,
@@ -289,10 +290,11 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any]:
                     idempotency_key=idempotency_key_for(str(ctx.run.id), call.call_id),
                     effect=str(tool.contract.effective_effect) if tool else "",
                 )
+                rows.append(created)
         # The assistant's action is on record before any tool runs.
         ctx.checkpoint()
     failpoint("after_action_persisted")
-    return step, action
+    return step, action, rows
 
 
 def _action_record(action: Any) -> dict[str, Any]:
@@ -308,10 +310,14 @@ def _action_record(action: Any) -> dict[str, Any]:
 
 
 def _run_calls(
-    ctx: StepContext, step: Step, calls: list[ToolCall]
+    ctx: StepContext,
+    step: Step,
+    calls: list[ToolCall],
+    known: list[ToolCallRow] | None = None,
 ) -> list[ToolCallRow]:
-    """Each open call in order; returns the step's rows, results filled in."""
-    rows = {row.call_id: row for row in step.tool_calls.all()}
+    """Each open call in order; returns the step's rows, results filled in.
+    `known`: the rows just created with the action (else they are read)."""
+    rows = {row.call_id: row for row in (known or step.tool_calls.all())}
     for call in calls:
         _stop_if_cancelled(ctx)
         row = rows[call.call_id]
@@ -535,7 +541,12 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
 def _record(
     ctx: StepContext, row: ToolCallRow, call: ToolCall, result: ToolResult, status: str
 ) -> None:
-    """Bound the result into the transcript and persist both in one transaction."""
+    """Bound the result into the transcript; store the result on its row now.
+
+    The transcript is saved by the step's next write (the one that ends the step
+    or opens a wait): until then a crash loses nothing, since the next holder
+    replays a call whose row has its result instead of running it again.
+    """
     observation, artifact = record_result(
         ctx.state.transcript,
         call,
@@ -546,31 +557,33 @@ def _record(
         (ref["result"] for ref in result.refs if ref.get("kind") == "sandbox_result"),
         None,
     )
-    with transaction.atomic():
-        ToolCallRow.objects.filter(id=row.id).update(
-            status=status,
-            result=result.to_dict(),
-            observation={
-                "content": observation.content,
-                "truncated": observation.truncated,
-                "full_size_bytes": observation.full_size_bytes,
-                "sha256": observation.sha256,
-                "trust": observation.trust,
-            },
-            artifact=None
-            if artifact is None
-            else {
-                "sha256": artifact.sha256,
-                "size_bytes": artifact.size_bytes,
-                "media_type": artifact.media_type,
-                "content": artifact.content.decode("utf-8", "replace"),
-            },
-            sandbox_result=sandbox,
-            attempts=row.attempts,
-            started_at=row.started_at,
-            finished_at=timezone.now(),
-        )
-        ctx.checkpoint()
+    # A final row keeps its result: a replay writes the same, and a worker that
+    # lost the lease meanwhile must not overwrite what the new holder decided.
+    ToolCallRow.objects.filter(id=row.id).exclude(
+        status__in=FINAL_CALL_STATUSES
+    ).update(
+        status=status,
+        result=result.to_dict(),
+        observation={
+            "content": observation.content,
+            "truncated": observation.truncated,
+            "full_size_bytes": observation.full_size_bytes,
+            "sha256": observation.sha256,
+            "trust": observation.trust,
+        },
+        artifact=None
+        if artifact is None
+        else {
+            "sha256": artifact.sha256,
+            "size_bytes": artifact.size_bytes,
+            "media_type": artifact.media_type,
+            "content": artifact.content.decode("utf-8", "replace"),
+        },
+        sandbox_result=sandbox,
+        attempts=row.attempts,
+        started_at=row.started_at,
+        finished_at=timezone.now(),
+    )
     row.status = status
     row.result = result.to_dict()
 

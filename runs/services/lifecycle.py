@@ -144,7 +144,7 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     A delivery whose token is stale, a run already finished or waiting, or a lease
     held (and not expired) by another delivery: nothing happens.
     """
-    run = Run.objects.select_related("agent", "tenant").filter(id=run_id).first()
+    run = Run.objects.select_related("agent").filter(id=run_id).first()
     if run is None or str(run.step_token) != step_token:
         return None
     if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
