@@ -6,6 +6,7 @@ from .janitor import JanitorReport, sandbox_janitor_sweep
 from .paths import PathRefused, check_path, open_beneath
 from .result import SandboxResult, decode_wait_status, decode_waitid
 from .runner import run_in_sandbox
+from .spare import release_spares
 from .spec import (
     HostPort,
     Limits,
@@ -34,6 +35,7 @@ __all__ = [
     "decode_waitid",
     "open_beneath",
     "probe_host",
+    "release_spares",
     "run_in_sandbox",
     "sandbox_janitor_sweep",
     "wait_for_teardown",

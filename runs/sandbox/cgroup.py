@@ -86,6 +86,17 @@ class RunCgroup:
         pids: int | None,
         cpu_quota: float | None,
     ) -> RunCgroup:
+        run = cls.make(layout, group, name)
+        try:
+            run.apply_limits(memory_bytes, pids, cpu_quota)
+        except BaseException:
+            run.remove(timeout=1.0)
+            raise
+        return run
+
+    @classmethod
+    def make(cls, layout: CgroupLayout, group: str, name: str) -> RunCgroup:
+        """The run's directories, one per hierarchy, still without limits."""
         dirs: dict[str, Path] = {}
         applied = {
             "cgroup_kill": False,
@@ -111,7 +122,6 @@ class RunCgroup:
                     continue
                 base = layout.v1_roots[controller] / group
                 dirs[controller] = _mkdir_in(base, name)
-            run._apply_limits(memory_bytes, pids, cpu_quota)
         except BaseException:
             run.remove(timeout=1.0)
             raise
@@ -125,7 +135,7 @@ class RunCgroup:
     def _is_v2(self, controller: str) -> bool:
         return controller in self.layout.v2_controllers and "v2" in self.dirs
 
-    def _apply_limits(
+    def apply_limits(
         self, memory_bytes: int | None, pids: int | None, cpu_quota: float | None
     ) -> None:
         mem = self._dir_for("memory")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import launch, teardown
+from . import launch, spare, teardown
 from .capabilities import (
     HostCapabilities,
     SandboxUnavailable,
@@ -98,9 +98,14 @@ class _Run:
         self.caps = caps
         self.workspace = workspace
         self.enforcement = enforcement
-        self.name = run_name()
+        # Directories made ahead of time by the teardown thread (spare.py), if any.
+        self.spare = spare.take(settings)
+        self.name = self.spare.name if self.spare is not None else run_name()
         self.run_dir = settings.state_dir / "runs" / self.name
-        self.cgroup: RunCgroup | None = None
+        # A spare's cgroup directories are this run's from now on (removed with it).
+        self.cgroup: RunCgroup | None = (
+            self.spare.cgroup if self.spare is not None else None
+        )
         self.proxy: EgressProxy | None = None
         self.tmp_dir: Path | None = None
         # The compiled launcher that starts the sandbox inside its cgroups; None:
@@ -108,15 +113,21 @@ class _Run:
         self.launcher: Path | None = None
 
     def execute(self) -> SandboxResult:
-        init = install_init(self.settings, bridge=not self.spec.network.is_none)
-        self.enforcement["init"] = init.kind
-        self.run_dir.mkdir(parents=True, mode=0o711)
+        prepared = self.spare is not None
         files: _Files | None = None
         try:
+            init = install_init(self.settings, bridge=not self.spec.network.is_none)
+            self.enforcement["init"] = init.kind
+            if not prepared:
+                self.run_dir.mkdir(parents=True, mode=0o711)
             _give_workspace_to_sandbox(self.workspace, self.settings)
             if self.caps.bwrap_works:
                 self.tmp_dir = self.run_dir / "tmp"
-                mount_tmpfs(self.tmp_dir, self.spec.limits.tmpfs_mb * 1024 * 1024)
+                mount_tmpfs(
+                    self.tmp_dir,
+                    self.spec.limits.tmpfs_mb * 1024 * 1024,
+                    make_dir=not (prepared and self.tmp_dir.is_dir()),
+                )
             self._create_cgroup()
             if self.cgroup is not None:
                 self.launcher = install_launcher(self.settings)
@@ -142,9 +153,17 @@ class _Run:
                 self.proxy.stop()
             # Everything of the run has exited and been measured: the removal of
             # its empty cgroups, /tmp mount and run directory happens after the
-            # result is returned (teardown.py).
+            # result is returned (teardown.py), and so does the making of the next
+            # run's directories (spare.py).
             teardown.defer(
-                functools.partial(_remove, self.cgroup, self.tmp_dir, self.run_dir)
+                functools.partial(
+                    _remove_and_prepare,
+                    self.cgroup,
+                    self.tmp_dir,
+                    self.run_dir,
+                    self.settings,
+                    self.caps,
+                )
             )
 
     def _create_cgroup(self) -> None:
@@ -152,14 +171,18 @@ class _Run:
         if not any(writable.values()):
             return
         limits = self.spec.limits
-        self.cgroup = RunCgroup.create(
-            self.caps.cgroup,
-            self.settings.cgroup_group,
-            self.name,
-            memory_bytes=limits.memory_mb * 1024 * 1024 if limits.memory_mb else None,
-            pids=limits.pids,
-            cpu_quota=limits.cpu_quota,
-        )
+        memory_bytes = limits.memory_mb * 1024 * 1024 if limits.memory_mb else None
+        if self.cgroup is not None:  # prepared: only the limits are left to write
+            self.cgroup.apply_limits(memory_bytes, limits.pids, limits.cpu_quota)
+        else:
+            self.cgroup = RunCgroup.create(
+                self.caps.cgroup,
+                self.settings.cgroup_group,
+                self.name,
+                memory_bytes=memory_bytes,
+                pids=limits.pids,
+                cpu_quota=limits.cpu_quota,
+            )
         for key, value in self.cgroup.applied.items():
             self.enforcement[key] = value
 
@@ -600,12 +623,20 @@ def _refused(refused: PathRefused, enforcement: dict[str, Any]) -> SandboxResult
     )
 
 
-def _remove(cgroup: RunCgroup | None, tmp_dir: Path | None, run_dir: Path) -> None:
+def _remove_and_prepare(
+    cgroup: RunCgroup | None,
+    tmp_dir: Path | None,
+    run_dir: Path,
+    settings: SandboxSettings,
+    caps: HostCapabilities,
+) -> None:
+    """On the teardown thread: remove a finished run, make the next one's dirs."""
     if cgroup is not None:
         cgroup.remove()
     if tmp_dir is not None:
         unmount_tmpfs(tmp_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
+    spare.prepare(settings, caps)
 
 
 def _give_workspace_to_sandbox(workspace: Path, settings: SandboxSettings) -> None:

@@ -29,9 +29,11 @@ class TmpfsUsage:
     largest: list[tuple[str, int]]  # (path inside /tmp, bytes), biggest first
 
 
-def mount_tmpfs(target: Path, size_bytes: int) -> None:
-    """Mount a `noexec,nosuid,nodev` tmpfs of `size_bytes` at `target` (mode 1777)."""
-    target.mkdir(mode=0o700)
+def mount_tmpfs(target: Path, size_bytes: int, *, make_dir: bool = True) -> None:
+    """Mount a `noexec,nosuid,nodev` tmpfs of `size_bytes` at `target` (mode 1777);
+    `make_dir=False`: the mount point exists already (a prepared run directory)."""
+    if make_dir:
+        target.mkdir(mode=0o700)
     options = f"size={size_bytes},mode=1777".encode()
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     rc = _libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", flags, options)
