@@ -118,8 +118,7 @@ class _Run:
         try:
             init = install_init(self.settings, bridge=not self.spec.network.is_none)
             self.enforcement["init"] = init.kind
-            if not prepared:
-                self.run_dir.mkdir(parents=True, mode=0o711)
+            self.run_dir.mkdir(parents=True, mode=0o711, exist_ok=prepared)
             _give_workspace_to_sandbox(self.workspace, self.settings)
             if self.caps.bwrap_works:
                 self.tmp_dir = self.run_dir / "tmp"
@@ -173,8 +172,13 @@ class _Run:
         limits = self.spec.limits
         memory_bytes = limits.memory_mb * 1024 * 1024 if limits.memory_mb else None
         if self.cgroup is not None:  # prepared: only the limits are left to write
-            self.cgroup.apply_limits(memory_bytes, limits.pids, limits.cpu_quota)
-        else:
+            try:
+                self.cgroup.apply_limits(memory_bytes, limits.pids, limits.cpu_quota)
+            except OSError:
+                # Removed or broken since it was made: start from scratch.
+                self.cgroup.remove(timeout=0.1)
+                self.cgroup = None
+        if self.cgroup is None:
             self.cgroup = RunCgroup.create(
                 self.caps.cgroup,
                 self.settings.cgroup_group,

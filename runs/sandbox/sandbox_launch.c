@@ -259,11 +259,20 @@ int main(int argc, char **argv) {
         fail("fork", errno);
     }
     if (child == 0) {
+        pid_t launcher = getppid();
         for (int t = 0; t < n_tasks; t++) {
             join_tasks(tasks[t]); /* as root, before the drop */
         }
         if (uid >= 0) {
             drop_to((uid_t)uid, (gid_t)gid);
+        }
+        /* Die with the launcher too, until bubblewrap's --die-with-parent takes
+         * over (set after the drop, which clears it; kept across this exec). */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
+            fail("prctl PDEATHSIG", errno);
+        }
+        if (getppid() != launcher) {
+            _exit(125);
         }
         execvp(argv[i], argv + i);
         fail(argv[i], errno);
