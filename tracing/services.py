@@ -9,10 +9,12 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from runs.models import Run
 from tracing.broadcast import broadcaster
 from tracing.models import RunEvent
+from tracing.rows import rows_insert
 
 __all__ = [
     "SeqConflict",
@@ -94,20 +96,27 @@ def run_events_append(
     last = _committed_seq.get(run.pk)
     if last is None:
         last = _max_seq(run.pk)
+    now = timezone.now()
     for _ in range(_APPEND_ATTEMPTS):
         rows = [
-            RunEvent(run_id=run.pk, seq=last + offset, type=type, payload=payload)
+            RunEvent(
+                run_id=run.pk, seq=last + offset, type=type, payload=payload,
+                created_at=now,
+            )
             for offset, (type, payload) in enumerate(events, start=1)
-        ]
+        ]  # fmt: skip
         try:
             with transaction.atomic():
-                if len(rows) == 1:  # create() fills created_at and the pk anywhere
-                    rows[0].save(force_insert=True)
-                else:
-                    RunEvent.objects.bulk_create(rows)
+                pks = rows_insert(
+                    RunEvent,
+                    ["run", "seq", "type", "payload", "created_at"],
+                    [[run.pk, r.seq, r.type, r.payload, now] for r in rows],
+                )
         except IntegrityError:
             last = _max_seq(run.pk)
             continue
+        for row, pk in zip(rows, pks, strict=True):
+            row.pk = pk
         transaction.on_commit(functools.partial(_remember, run.pk, rows[-1].seq))
         transaction.on_commit(
             functools.partial(_broadcast_all, events=rows, tenant_id=run.tenant_id)

@@ -22,6 +22,7 @@ from django.utils import timezone
 from runs.models import Run
 from tracing.models import RunEvent, Span, SpanPayload
 from tracing.redaction import redact, redact_attributes
+from tracing.rows import row_update, rows_insert
 from tracing.services import run_event_append, run_events_append
 
 __all__ = [
@@ -251,9 +252,14 @@ def spans_store(writes: list[SpanWrite]) -> None:
             for write in writes
         ]  # fmt: skip
         if pending:
-            SpanPayload.objects.bulk_create(
-                list(pending.values()), ignore_conflicts=True
-            )
+            rows_insert(
+                SpanPayload,
+                ["tenant", "sha256", "size", "content", "created_at"],
+                [[p.tenant_id, p.sha256, p.size, p.content, timezone.now()]
+                 for p in pending.values()],
+                returning=False,
+                ignore_conflicts=True,
+            )  # fmt: skip
         ends = {id(w.handle): w for w, _, _ in prepared if w.ended}
         new_rows: dict[int, Span] = {}  # by handle
         for write, attributes, payloads in prepared:
@@ -265,7 +271,14 @@ def spans_store(writes: list[SpanWrite]) -> None:
                 write, record, attributes, payloads
             )
         if new_rows:
-            Span.objects.bulk_create(list(new_rows.values()))
+            pks = rows_insert(
+                Span,
+                _SPAN_COLUMNS,
+                [[getattr(row, attname) for attname in _SPAN_ATTNAMES]
+                 for row in new_rows.values()],
+            )  # fmt: skip
+            for new, pk in zip(new_rows.values(), pks, strict=True):
+                new.pk = pk
         events: dict[tuple[Any, Any], list[tuple[str, dict[str, Any]]]] = {}
         for write, attributes, payloads in prepared:
             row = new_rows.get(id(write.handle))
@@ -287,6 +300,14 @@ def spans_store(writes: list[SpanWrite]) -> None:
             )
         for (run_id, tenant_id), run_events in events.items():
             run_events_append(run=_run_ref(run_id, tenant_id), events=run_events)
+
+
+_SPAN_COLUMNS = [
+    "run", "trace_id", "span_id", "parent_span_id", "name", "kind", "status",
+    "status_message", "started_at", "ended_at", "attributes", "payloads", "events",
+    "worker", "lease_expires_at",
+]  # fmt: skip
+_SPAN_ATTNAMES = [name + "_id" if name == "run" else name for name in _SPAN_COLUMNS]
 
 
 def _leased_row(
@@ -324,16 +345,21 @@ def _leased_end(
     record = write.record
     row = _leased_row(write, record, attributes, payloads)
     row.pk = write.handle.pk
-    updated = Span.objects.filter(pk=row.pk, status=Span.Status.RUNNING).update(
-        name=row.name,
-        kind=row.kind,
-        status=row.status,
-        status_message=row.status_message,
-        ended_at=row.ended_at,
-        attributes=attributes,
-        payloads=payloads,
-        events=row.events,
-        lease_expires_at=None,
+    updated = row_update(
+        Span,
+        row.pk,
+        {
+            "name": row.name,
+            "kind": row.kind,
+            "status": row.status,
+            "status_message": row.status_message,
+            "ended_at": row.ended_at,
+            "attributes": attributes,
+            "payloads": payloads,
+            "events": row.events,
+            "lease_expires_at": None,
+        },
+        where={"status": Span.Status.RUNNING},
     )
     if updated:
         return row

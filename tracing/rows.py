@@ -1,0 +1,88 @@
+"""Plain INSERT and UPDATE statements for the span store's hot path.
+
+A step writes a handful of span rows and events; building each statement through
+the ORM (query objects, compilers) cost more than running it (measured with
+`bench.bench_steps`: the span store was 40% of a step). These helpers take the
+column names and value conversions from the model's own fields, so the SQL and
+parameters are what the ORM would send, on SQLite and PostgreSQL alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.db import connection
+from django.db.models import Model
+
+__all__ = ["rows_insert", "row_update"]
+
+
+def _fields(model: type[Model], names: Sequence[str]) -> list[Any]:
+    return [model._meta.get_field(name) for name in names]
+
+
+def rows_insert(
+    model: type[Model],
+    names: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    returning: bool = True,
+    ignore_conflicts: bool = False,
+) -> list[Any]:
+    """Insert `rows` (values in the order of `names`) in one statement; return
+    their primary keys in insertion order (as bulk_create relies on too)."""
+    if not rows:
+        return []
+    fields = _fields(model, names)
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(field.column) for field in fields)
+    one = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) "
+        f"VALUES {', '.join([one] * len(rows))}"
+    )
+    if ignore_conflicts:
+        sql += " ON CONFLICT DO NOTHING"
+    if returning:
+        key: Any = model._meta.pk
+        sql += f" RETURNING {quote(key.column)}"
+    params = [
+        field.get_db_prep_save(value, connection)
+        for row in rows
+        for field, value in zip(fields, row, strict=True)
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [found[0] for found in cursor.fetchall()] if returning else []
+
+
+def row_update(
+    model: type[Model],
+    pk: Any,
+    values: Mapping[str, Any],
+    *,
+    where: Mapping[str, Any] | None = None,
+) -> int:
+    """UPDATE one row by primary key (and the `where` equalities); rows changed."""
+    fields = _fields(model, list(values))
+    quote = connection.ops.quote_name
+    sets = ", ".join(f"{quote(field.column)} = %s" for field in fields)
+    params = [
+        field.get_db_prep_save(value, connection)
+        for field, value in zip(fields, values.values(), strict=True)
+    ]
+    key: Any = model._meta.pk
+    conditions = [f"{quote(key.column)} = %s"]
+    params.append(key.get_db_prep_value(pk, connection))
+    for field, value in zip(_fields(model, list(where or {})), (where or {}).values(),
+                            strict=True):  # fmt: skip
+        conditions.append(f"{quote(field.column)} = %s")
+        params.append(field.get_db_prep_value(value, connection))
+    sql = (
+        f"UPDATE {quote(model._meta.db_table)} SET {sets} "
+        f"WHERE {' AND '.join(conditions)}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
