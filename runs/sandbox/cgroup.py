@@ -74,6 +74,8 @@ class RunCgroup:
     name: str
     dirs: dict[str, Path]  # "v2" or a v1 controller name -> directory
     applied: dict[str, bool]
+    # pids.events, kept open while the run is watched: re-read every tick.
+    _pids_events: int | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def create(
@@ -198,7 +200,15 @@ class RunCgroup:
         pids_dir = self._dir_for("pids")
         if pids_dir is None:
             return False
-        return _keyed(f"{pids_dir}/pids.events").get("max", 0) > 0
+        try:
+            if self._pids_events is None:
+                self._pids_events = os.open(
+                    f"{pids_dir}/pids.events", os.O_RDONLY | os.O_CLOEXEC
+                )
+            text = os.pread(self._pids_events, 4096, 0).decode()
+        except OSError:
+            return False
+        return _parse_keyed(text).get("max", 0) > 0
 
     def counters(self) -> dict[str, int]:
         """Event counters first, then current values (CG-R1)."""
@@ -264,6 +274,9 @@ class RunCgroup:
 
     def remove(self, timeout: float = 2.0) -> bool:
         """rmdir every directory, retrying EBUSY while v1 counters lag (§6.3 #7)."""
+        if self._pids_events is not None:
+            os.close(self._pids_events)
+            self._pids_events = None
         deadline = time.monotonic() + timeout
         ok = True
         for key in list(self.dirs):
@@ -368,11 +381,14 @@ def _read_int(path: str | Path) -> int | None:
 
 
 def _keyed(path: str | Path) -> dict[str, int]:
-    out: dict[str, int] = {}
     try:
-        text = _read(path)
+        return _parse_keyed(_read(path))
     except OSError:
-        return out
+        return {}
+
+
+def _parse_keyed(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
         try:

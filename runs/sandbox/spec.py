@@ -245,13 +245,28 @@ def validate_spec(spec: SandboxSpec, settings: SandboxSettings) -> Path:
     for p in spec.paths:
         if not isinstance(p, str) or "\x00" in p:
             raise SandboxSpecError("paths must be strings without NUL")
-    root = Path(os.path.realpath(settings.workspace_root))
-    workspace = Path(os.path.realpath(spec.workspace))
-    if workspace == root or root not in workspace.parents:
+    root = _real_dir(settings.workspace_root)
+    workspace = _real_dir(spec.workspace)
+    if workspace == root or not workspace.startswith(root.rstrip("/") + "/"):
         raise SandboxSpecError(f"workspace {spec.workspace} is not beneath {root}")
-    if not workspace.is_dir():
+    if not os.path.isdir(workspace):
         raise SandboxSpecError(f"workspace {workspace} is not a directory")
-    return workspace
+    return Path(workspace)
+
+
+def _real_dir(path: Path | str) -> str:
+    """os.path.realpath(path), resolved by the kernel in three syscalls when `path`
+    is a directory (realpath walks it in Python, one lstat per component)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(path)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+    finally:
+        os.close(fd)
 
 
 def _positive_finite(name: str, value: float) -> None:
