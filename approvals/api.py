@@ -42,9 +42,17 @@ class DecisionSerializer(serializers.Serializer[Any]):
 
 class ApprovalSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
+    kind = serializers.CharField()
+    # What is being decided, in a few words: the tool, or "extend <dimension> by X".
+    summary = serializers.SerializerMethodField()
+    # For a budget extension: scope, dimension, name, amount, limit, used, wanted,
+    # stop_reason, detail, period, bucket_start; null for a tool call.
+    extension = serializers.JSONField(allow_null=True)
     run = serializers.UUIDField(source="run_id")
     run_status = serializers.CharField(source="run.status")
-    tool_call_id = serializers.CharField(source="tool_call.call_id")
+    tool_call_id = serializers.CharField(
+        source="tool_call.call_id", allow_null=True, default=None
+    )
     tool = serializers.CharField(source="tool_name")
     args = serializers.JSONField(source="args_snapshot")
     args_sha256 = serializers.CharField()
@@ -66,6 +74,11 @@ class ApprovalSerializer(serializers.Serializer[Any]):
     decided_at = serializers.DateTimeField(allow_null=True)
     reason = serializers.CharField()
     decisions = DecisionSerializer(many=True, source="decisions.all")
+
+    def get_summary(self, approval: ApprovalRequest) -> str:
+        if approval.extension is not None:
+            return services.extension_summary(approval.extension)
+        return approval.tool_name
 
 
 class ApprovalListApi(APIView):

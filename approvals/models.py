@@ -67,6 +67,13 @@ class TenantApprovalSettings(models.Model):
 
 
 class ApprovalRequest(models.Model):
+    """A decision a run waits for: a gated tool call, or a budget extension (a
+    reservation was refused and the tenant asked to be asked, docs/budgets.md)."""
+
+    class Kind(models.TextChoices):
+        TOOL_CALL = "tool_call"
+        BUDGET_EXTENSION = "budget_extension"
+
     class Status(models.TextChoices):
         PENDING = "pending"
         APPROVED = "approved"
@@ -83,9 +90,16 @@ class ApprovalRequest(models.Model):
         Tenant, on_delete=models.CASCADE, related_name="approvals"
     )
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.TOOL_CALL)
     tool_call = models.OneToOneField(
-        ToolCall, on_delete=models.CASCADE, related_name="approval"
+        ToolCall,
+        on_delete=models.CASCADE,
+        related_name="approval",
+        null=True,  # a budget extension gates no tool call
+        blank=True,
     )
+    # For a budget extension: what to extend, by how much, and why it was refused.
+    extension = models.JSONField(null=True, blank=True)
     tool_name = models.CharField(max_length=200)
     rule = models.CharField(max_length=200)
     rule_ref = models.ForeignKey(
@@ -126,6 +140,8 @@ class ApprovalRequest(models.Model):
         indexes = [models.Index(fields=["tenant", "status", "requested_at"])]
 
     def __str__(self) -> str:
+        if self.kind == self.Kind.BUDGET_EXTENSION:
+            return f"budget extension ({self.status})"
         return f"approval of {self.tool_name} ({self.status})"
 
 

@@ -9,8 +9,10 @@ click racing the expiry task give one outcome and one resume.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -26,7 +28,7 @@ from approvals.models import (
     TenantApprovalSettings,
 )
 from approvals.policy import RULE_PREFIX
-from controlplane.models import Membership
+from controlplane.models import Membership, Role
 from controlplane.services import audit_record
 from runs.engine.actions import ToolCall as EngineToolCall
 from runs.models import Run, ToolCall
@@ -110,20 +112,71 @@ def approval_request_open(
     return request
 
 
+BUDGET_EXTENSION_RULE = "budget.on_exhausted"
+
+
+def extension_summary(extension: dict[str, Any]) -> str:
+    """ "extend tenant_cost_per_day by 5" / "extend max_steps by 10"."""
+    return f"extend {extension['dimension']} by {extension['amount']}"
+
+
+@transaction.atomic
+def approval_request_open_budget(*, run: Run, ask: Any) -> ApprovalRequest:
+    """Ask whether to extend the budget by `ask.amount` (an ExtensionAsk) instead
+    of ending the run; anyone whose role may decide approvals may decide."""
+    from controlplane.permissions import Action, role_may
+
+    extension = ask.to_dict()
+    canonical = json.dumps(extension, sort_keys=True, separators=(",", ":"))
+    request = ApprovalRequest.objects.create(
+        tenant_id=run.tenant_id,
+        run=run,
+        kind=ApprovalRequest.Kind.BUDGET_EXTENSION,
+        tool_name="",
+        rule=BUDGET_EXTENSION_RULE,
+        rule_reason=f"{extension_summary(extension)}: {ask.detail}",
+        approver_roles=[r for r in Role.values if role_may(r, Action.APPROVAL_DECIDE)],
+        approvals_required=1,
+        starter_may_approve=True,
+        args_snapshot={},
+        # Votes are bound to this exact extension, as tool votes are to arguments.
+        args_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
+        extension=extension,
+        expires_at=timezone.now()
+        + dt.timedelta(seconds=int(settings.APPROVAL_DEFAULT_TTL_SECONDS)),
+    )
+    audit_record(
+        tenant=run.tenant,
+        actor=None,
+        action="approval.request",
+        object_type="approval",
+        object_id=str(request.id),
+        after=_audit_view(request),
+    )
+    _event(run, "approval.requested", _event_view(request))
+    return request
+
+
 def _audit_view(request: ApprovalRequest) -> dict[str, Any]:
-    return {
+    view = {
         "status": request.status,
         "run": str(request.run_id),
         "tool": request.tool_name,
         "args_sha256": request.args_sha256,
         "rule": request.rule,
     }
+    if request.extension is not None:
+        view["kind"] = request.kind
+        view["extension"] = request.extension
+    return view
 
 
 def _event_view(request: ApprovalRequest) -> dict[str, Any]:
     return {
         "approval_id": str(request.id),
-        "tool_call_id": request.tool_call.call_id,
+        "kind": request.kind,
+        "extension": request.extension,
+        "tool_call_id": request.tool_call.call_id if request.tool_call else None,
         "tool": request.tool_name,
         "status": request.status,
         "rule": request.rule,
@@ -167,6 +220,7 @@ def _validated_edit(request: ApprovalRequest, args: Any) -> tuple[dict[str, Any]
     errors = validate_arguments(tool.contract.input_schema, args)
     if errors:
         raise ApprovalInputError("args", "; ".join(errors))
+    assert request.tool_call is not None  # budget extensions refuse args earlier
     call = EngineToolCall.parse(
         request.tool_call.call_id, request.tool_name, json.dumps(args)
     )
@@ -215,6 +269,11 @@ def _decide(
         )
     if not approve and args is not None:
         raise ApprovalInputError("args", "arguments can only be edited when approving")
+    if request.kind == ApprovalRequest.Kind.BUDGET_EXTENSION:
+        if args is not None:
+            raise ApprovalInputError("args", "a budget extension has no arguments")
+        if scope != ApprovalRequest.Scope.ONCE:
+            raise ApprovalInputError("scope", "a budget extension is decided once")
     # First statement: takes the row lock (PostgreSQL) / write lock (SQLite), so
     # deciders on one request run one after the other and see each other's votes.
     touched = ApprovalRequest.objects.filter(
@@ -299,11 +358,78 @@ def _decide(
             "approvals": approvals,
         },
     )
-    if final:
+    if final and locked.kind == ApprovalRequest.Kind.BUDGET_EXTENSION:
+        _budget_extension_final(locked, decided_by, remote_addr)
+    elif final:
         from runs.services import run_resume
 
         run_resume(run_id=str(locked.run_id))
     return locked
+
+
+def _budget_extension_final(
+    request: ApprovalRequest, decided_by: User | None, remote_addr: str | None
+) -> None:
+    """Approved: grow the cap or grant the period allowance, audited, and resume
+    the run at the refused reservation. Denied or expired: end the run."""
+    from controlplane.budget_services import budget_grant_create
+    from runs.services import run_resume
+    from runs.services.budget_extension import (
+        run_cap_extend,
+        run_end_budget_exhausted,
+    )
+
+    extension = dict(request.extension or {})
+    if request.status != ApprovalRequest.Status.APPROVED:
+        why = "denied" if request.status == ApprovalRequest.Status.DENIED else "expired"
+        detail = f"{extension_summary(extension)} was {why}"
+        if request.reason and request.reason != "expired":
+            detail += f": {request.reason}"
+        run_end_budget_exhausted(
+            run_id=request.run_id, stop_reason=extension["stop_reason"], detail=detail
+        )
+        return
+    amount = Decimal(str(extension["amount"]))
+    if extension["scope"] == "period":
+        grant = budget_grant_create(run=request.run, ask=extension)
+        granted: dict[str, Any] = {"grant": grant.pk, "granted": str(grant.amount)}
+    else:
+        granted = {
+            "limit_extensions": run_cap_extend(
+                run_id=request.run_id, cap=extension["name"], amount=amount
+            )
+        }
+    audit_record(
+        tenant=request.tenant,
+        actor=decided_by,
+        action="budget.extend",
+        object_type="run",
+        object_id=str(request.run_id),
+        before={"limit": extension["limit"], "used": extension["used"]},
+        after={
+            "approval": str(request.id),
+            "scope": extension["scope"],
+            "dimension": extension["dimension"],
+            "name": extension["name"],
+            "period": extension["period"],
+            "amount": extension["amount"],
+            "limit": str(Decimal(str(extension["limit"])) + amount),
+            **granted,
+        },
+        remote_addr=remote_addr,
+    )
+    _event(
+        request.run,
+        "budget.extended",
+        {
+            "approval_id": str(request.id),
+            "dimension": extension["dimension"],
+            "name": extension["name"],
+            "amount": extension["amount"],
+            "decided_by": decided_by.get_username() if decided_by else None,
+        },
+    )
+    run_resume(run_id=str(request.run_id))
 
 
 def _policy_for_edit(request: ApprovalRequest, args: dict[str, Any]) -> dict[str, Any]:
@@ -358,6 +484,7 @@ def _edit_args(
         args_edited_by=user,
         **policy_changes,
     )
+    assert request.tool_call is not None
     tool_call_args_replace(tool_call=request.tool_call, args=args, args_sha256=sha)
     request.refresh_from_db()
 
@@ -380,6 +507,9 @@ def _expire(request: ApprovalRequest, now: dt.datetime) -> bool:
         after=_audit_view(request),
     )
     _event(request.run, "approval.expired", _event_view(request))
+    if request.kind == ApprovalRequest.Kind.BUDGET_EXTENSION:
+        _budget_extension_final(request, None, None)
+        return True
     from runs.services import run_resume
 
     run_resume(run_id=str(request.run_id))

@@ -4,10 +4,14 @@ On PostgreSQL (BENCH_POSTGRES_URL; the database is created afresh), in one child
 process, side by side for the same duration and the same 8 writer processes (each
 with its own connection, all on one tenant, so they contend for the same rows):
 
-  * a plain single-row update (`UPDATE ... SET n = n + 1 WHERE id = ?`, autocommit),
-    the floor for "one hot row";
-  * reserve + settle in calendar mode (ledger insert + conditional UPDATE of the day
-    and month counters in one transaction, then the settlement);
+  * a plain single-row update (`UPDATE ... SET n = n + 1 WHERE id = $1`, one hot
+    row, autocommit), through the same layer the ledger uses: a prepared statement
+    on Django's own connection. The floor for "one hot row";
+  * the same update through the Django ORM (`filter().update(F() + 1)`), for
+    reference: the ORM costs more per statement than the driver;
+  * reserve + settle in calendar mode (the ledger's fast path: one statement for
+    the reservation on the writer's slots of the day and the month plus the ledger
+    insert, one for the settlement);
   * the same in rolling mode (budget row lock, window sums, bucket update).
 
 Plain and calendar rounds alternate, so a change in machine load hits both alike.
@@ -91,6 +95,7 @@ def merged(runs: list[dict[str, Any]]) -> dict[str, float]:
 def measure(database_url: str) -> dict[str, Any]:
     from bench.django_env import django_setup
 
+    load_start = os.getloadavg()[0]
     django_setup(database_url)
     import uuid
 
@@ -114,7 +119,18 @@ def measure(database_url: str) -> dict[str, Any]:
     actual = Amounts(input_tokens=1100, output_tokens=300, cost=Decimal("0.0058"))
     run_id = uuid.uuid4()
 
+    from controlplane.budget_ledger import _prepare, _raw_cursor
+
+    plain_sql = (
+        f"UPDATE {BudgetCounter._meta.db_table} SET used_runs = used_runs + 1"
+        " WHERE id = %(id)s::bigint"
+    )
+
     def plain_update() -> None:
+        with _raw_cursor() as cursor:  # the ledger's own path: prepared, autocommit
+            cursor.execute(plain_sql, {"id": hot.id}, prepare=_prepare())
+
+    def plain_orm() -> None:
         BudgetCounter.objects.filter(id=hot.id).update(used_runs=F("used_runs") + 1)
 
     def reserve_and_settle() -> None:
@@ -125,10 +141,13 @@ def measure(database_url: str) -> dict[str, Any]:
         budget_settle(entry, actual)
 
     # Alternate plain and calendar rounds so a change in machine load hits both.
-    rounds: dict[str, list[dict[str, float]]] = {"plain": [], "calendar": []}
+    rounds: dict[str, list[dict[str, float]]] = {
+        "plain": [], "calendar": [], "plain_orm": [],
+    }  # fmt: skip
     for _ in range(ROUNDS):
         rounds["plain"].append(hammer(plain_update))
         rounds["calendar"].append(hammer(reserve_and_settle))
+        rounds["plain_orm"].append(hammer(plain_orm))
     figures: dict[str, Any] = {key: merged(runs) for key, runs in rounds.items()}
     # One writer: the latency floor on this machine, without contention.
     figures["plain_1"] = hammer(plain_update, writers=1)
@@ -144,6 +163,7 @@ def measure(database_url: str) -> dict[str, Any]:
     figures["consistent"] = used == settled * actual.input_tokens and reserved == 0
     for key in ("rolling", "plain_1", "calendar_1"):
         figures[key].pop("latencies_ms")
+    figures["load_start"] = load_start
     return figures
 
 
@@ -183,10 +203,14 @@ def main() -> None:
         f" calendar alternate {ROUNDS} x {SECONDS:.0f} s, rolling {SECONDS:.0f} s"
     )
     load = os.getloadavg()[0]
-    print(f"  (load average at the end: {load:.1f} on {os.cpu_count()} CPUs)")
+    print(
+        f"  (load average: {figures['load_start']:.1f} at the start,"
+        f" {load:.1f} at the end, on {os.cpu_count()} CPUs)"
+    )
     print(f"  {'':<40} {'ops/s':>9} {'p50 ms':>9} {'p99 ms':>9}")
     names = {
         "plain": "plain single-row update (baseline)",
+        "plain_orm": "plain update through the ORM",
         "calendar": "reserve + settle, calendar periods",
         "rolling": "reserve + settle, rolling windows",
         "plain_1": "plain update, 1 writer",
@@ -199,6 +223,11 @@ def main() -> None:
             f" {f['p99_ms']:>9.2f}"
         )
     plain = figures["plain"]["ops_per_s"]
+    print(
+        f"  the plain update's own p99 with {WRITERS} writers:"
+        f" {figures['plain']['p99_ms']:.1f} ms"
+        f" (1 writer: {figures['plain_1']['p99_ms']:.1f} ms)"
+    )
     for key in ("calendar", "rolling"):
         f = figures[key]
         ratio = f["ops_per_s"] / plain

@@ -1,26 +1,44 @@
 """The budget ledger: reserve before spending, settle after, release the rest.
 
-Enforcement is atomic. In calendar mode each period has one counter row and a
-reservation is a conditional `UPDATE ... SET reserved = reserved + x WHERE id = ?
-AND used + reserved + x <= limit` (refused when no row matches); in rolling mode
-the tenant's budget row is locked (`SELECT ... FOR UPDATE`) while the window's
-buckets are summed and the current bucket grows. Either way the ledger row and the
-counters change in one transaction, so concurrent workers never overspend.
+Enforcement is atomic, and no interleaving of writers overspends a limit.
+
+Calendar mode (escrow). Each period bucket (the UTC day, the UTC month) is split
+into `slot_count()` counter rows; each slot holds a share of the limit in its
+`quota_*` columns, and the shares always add up to the limit. A writer reserves
+on its own slot (by process id) with one conditional statement, `UPDATE ... SET
+reserved = reserved + x WHERE used + reserved + x <= quota`, for the day and the
+month slot together with the ledger insert, autocommitted: concurrent writers
+mostly touch different rows. When a slot runs short, the locked path takes every
+slot of the bucket (day before month, by slot: one lock order everywhere), checks
+the whole bucket against the limit read under those locks, and re-divides what is
+left between the slots. A slot's quota may lie below its use (a lowered limit);
+it then refuses until the locked path is taken.
+
+Rolling mode. The budget row is locked (`SELECT ... FOR UPDATE`), the window's
+buckets are summed and checked, and the current buckets grow, in one transaction
+with the ledger row.
+
+Grants. A run's approved extension of a period limit is its own row
+(`BudgetGrant`): once the tenant's limit refuses the run, the granted dimension
+is reserved from the grant instead of the counters (the entry's `funding`), so
+the period's total stays within the limit plus the grants.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import uuid
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
+import psycopg
 import psycopg.errors
-from django.db import DataError, IntegrityError, connection, transaction
+from django.conf import settings
+from django.db import connection, transaction
 from django.db.models import F, Q, Sum, Value
-from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
 from controlplane.budget_models import (
@@ -28,11 +46,19 @@ from controlplane.budget_models import (
     PERIODS,
     Budget,
     BudgetCounter,
+    BudgetGrant,
     BudgetLedgerEntry,
 )
 from controlplane.models import Tenant
 
 ROLLING_WINDOWS = {"day": dt.timedelta(hours=24), "month": dt.timedelta(days=30)}
+# Slots per calendar bucket on PostgreSQL; SQLite serialises writers anyway.
+POSTGRES_SLOTS = 16
+_MICRO = Decimal("0.000001")
+
+
+def slot_count() -> int:
+    return POSTGRES_SLOTS if connection.vendor == "postgresql" else 1
 
 
 @dataclass(frozen=True)
@@ -68,10 +94,22 @@ class Amounts:
 
 @dataclass(frozen=True)
 class BudgetRefusal:
-    """A reservation that would cross a limit; `dimension` is the exact one."""
+    """A reservation that would cross a limit; `dimension` is the exact one.
+
+    For a period limit, `period` and `name` say which; `limit` is what the run
+    was held to (the tenant's limit, or its own grant), `total` what was used or
+    reserved against it and `wanted` what the reservation needed. `needed` is
+    the least extension (of the run's grant) that would let it through.
+    """
 
     dimension: str  # e.g. "tenant_cost_per_day"
     detail: str
+    period: str = ""
+    name: str = ""
+    limit: Decimal = Decimal(0)
+    total: Decimal = Decimal(0)
+    wanted: Decimal = Decimal(0)
+    needed: Decimal = Decimal(0)
 
 
 def refusal_dimension(dimension: str, period: str) -> str:
@@ -97,34 +135,194 @@ def window_filter(mode: str, period: str, now: dt.datetime) -> Q:
     return Q(period=period, bucket_start=bucket_start(mode, period, now))
 
 
-def _limits_of(budget: Budget, period: str) -> dict[str, Decimal]:
-    raw = (budget.period_limits or {}).get(period) or {}
+def _limits_from(period_limits: dict[str, Any] | None, period: str) -> dict[str, Any]:
+    """The period's limits as numbers (int for counts, Decimal for cost)."""
+    raw = (period_limits or {}).get(period) or {}
     return {
-        name: Decimal(str(value)) for name, value in raw.items() if value is not None
+        name: Decimal(str(value)) if name == "cost" else int(value)
+        for name, value in raw.items()
+        if value is not None
     }
 
 
-def _counter_for(tenant_id: Any, period: str, start: dt.datetime) -> BudgetCounter:
-    counter = BudgetCounter.objects.filter(
-        tenant_id=tenant_id, period=period, bucket_start=start
-    ).first()
-    if counter is not None:
-        return counter
-    try:
-        with transaction.atomic():
-            return BudgetCounter.objects.create(
-                tenant_id=tenant_id, period=period, bucket_start=start
-            )
-    except IntegrityError:  # another worker created it first
-        return BudgetCounter.objects.get(
-            tenant_id=tenant_id, period=period, bucket_start=start
+class _Stale(Exception):
+    """A cached slot row is gone (or some are missing): look the bucket up again."""
+
+
+# ---------------------------------------------------------------- slots
+
+_SLOT_IDS: dict[tuple[Any, str, dt.datetime, int], list[int]] = {}
+
+
+def _bucket_ids(
+    tenant_id: Any, period: str, start: dt.datetime, slots: int
+) -> list[int]:
+    """The bucket's counter ids by slot, created (with their quotas) if missing."""
+    key = (tenant_id, period, start, slots)
+    found = _SLOT_IDS.get(key)
+    if found is not None:
+        return found
+    ids = list(
+        BudgetCounter.objects.filter(
+            tenant_id=tenant_id, period=period, bucket_start=start, slot__lt=slots
         )
+        .order_by("slot")
+        .values_list("id", flat=True)
+    )
+    if len(ids) < slots:
+        ids = _bucket_create(tenant_id, period, start, slots)
+    if len(_SLOT_IDS) > 10_000:
+        _SLOT_IDS.clear()
+    _SLOT_IDS[key] = ids
+    return ids
 
 
-class _Refused(Exception):
-    def __init__(self, refusal: BudgetRefusal) -> None:
-        super().__init__(refusal.dimension)
-        self.refusal = refusal
+def _bucket_create(
+    tenant_id: Any, period: str, start: dt.datetime, slots: int
+) -> list[int]:
+    # Under the budget row lock, as budget_update: the quotas are computed from
+    # the limits as they are, and a concurrent edit waits for them (or the
+    # other way round) instead of leaving stale shares.
+    with transaction.atomic():
+        budget = Budget.objects.select_for_update().filter(tenant_id=tenant_id).first()
+        BudgetCounter.objects.bulk_create(
+            [
+                BudgetCounter(
+                    tenant_id=tenant_id, period=period, bucket_start=start, slot=slot
+                )
+                for slot in range(slots)
+            ],
+            ignore_conflicts=True,
+        )
+        rows = list(
+            BudgetCounter.objects.select_for_update()
+            .filter(
+                tenant_id=tenant_id, period=period, bucket_start=start, slot__lt=slots
+            )
+            .order_by("slot")
+        )
+        if budget is not None and budget.period_mode == Budget.PeriodMode.CALENDAR:
+            _rebalance(rows, _limits_from(budget.period_limits, period), budget.version)
+    return [row.id for row in rows]
+
+
+def _rebalance(
+    rows: list[BudgetCounter],
+    limits: dict[str, Any],
+    version: int,
+    favoured: int = 0,
+    changed: tuple[str, ...] = (),
+) -> None:
+    """Divide what is left of each limit between the slots (saved with `changed`).
+
+    Each slot gets its use plus an equal share of `limit - total` (negative when
+    the bucket is over a lowered limit), the remainder to slot `favoured`; the
+    quotas then add up to the limit exactly.
+    """
+    count = len(rows)
+    for name in PERIOD_DIMENSIONS:
+        limit = limits.get(name)
+        for row in rows:
+            setattr(row, f"quota_{name}", None)
+        if limit is None:
+            continue
+        current = [
+            getattr(row, f"used_{name}") + getattr(row, f"reserved_{name}")
+            for row in rows
+        ]
+        room = limit - sum(current)
+        share: Any = (
+            (Decimal(room) / count).quantize(_MICRO, rounding=ROUND_FLOOR)
+            if name == "cost"
+            else int(room) // count
+        )
+        rest = room - share * count
+        for row, used in zip(rows, current, strict=True):
+            extra = rest if row.slot == favoured else 0
+            setattr(row, f"quota_{name}", used + share + extra)
+    for row in rows:
+        row.limits_version = version
+    fields = [f"quota_{name}" for name in PERIOD_DIMENSIONS]
+    BudgetCounter.objects.bulk_update(rows, [*fields, "limits_version", *changed])
+
+
+def budget_slots_sync(*, budget: Budget, now: dt.datetime | None = None) -> None:
+    """Re-divide the current calendar buckets after a limit changed (call in the
+    transaction that saves the budget, holding its row lock)."""
+    if budget.period_mode != Budget.PeriodMode.CALENDAR:
+        return
+    now = now or timezone.now()
+    slots = slot_count()
+    for period in PERIODS:
+        start = bucket_start(budget.period_mode, period, now)
+        rows = list(
+            BudgetCounter.objects.select_for_update()
+            .filter(
+                tenant_id=budget.tenant_id,
+                period=period,
+                bucket_start=start,
+                slot__lt=slots,
+            )
+            .order_by("slot")
+        )
+        if len(rows) == slots:  # a bucket not made yet gets its quotas when made
+            _rebalance(rows, _limits_from(budget.period_limits, period), budget.version)
+
+
+# ---------------------------------------------------------------- grants
+
+
+def _grants_with_room(
+    budget: Budget, run_id: Any, amounts: Amounts, now: dt.datetime
+) -> list[BudgetGrant]:
+    """The run's grants in the current window that could fund this reservation."""
+    wanted = [name for name in PERIOD_DIMENSIONS if amounts.get(name) > 0]
+    if not wanted:
+        return []
+    windows = Q()
+    for period in PERIODS:
+        windows |= window_filter(budget.period_mode, period, now)
+    grants = BudgetGrant.objects.filter(
+        windows, tenant_id=budget.tenant_id, run_id=run_id, dimension__in=wanted
+    ).order_by("period", "bucket_start")
+    chosen: dict[tuple[str, str], BudgetGrant] = {}
+    for grant in grants:
+        room = grant.amount - grant.used - grant.reserved
+        key = (grant.period, grant.dimension)
+        if key not in chosen and room >= amounts.get(grant.dimension):
+            chosen[key] = grant
+    return list(chosen.values())
+
+
+def budget_grant_add(
+    *,
+    tenant_id: Any,
+    run_id: Any,
+    period: str,
+    bucket_start: dt.datetime,
+    dimension: str,
+    amount: Decimal,
+) -> BudgetGrant:
+    """Extend the run's grant on one period dimension of one bucket by `amount`."""
+    with transaction.atomic():
+        grant, created = BudgetGrant.objects.select_for_update().get_or_create(
+            run_id=run_id,
+            period=period,
+            bucket_start=bucket_start,
+            dimension=dimension,
+            defaults={"tenant_id": tenant_id, "amount": amount},
+        )
+        if not created:
+            BudgetGrant.objects.filter(id=grant.id).update(amount=F("amount") + amount)
+            grant.refresh_from_db()
+    return grant
+
+
+def _excluded(funding: list[dict[str, Any]], period: str) -> set[str]:
+    return {part["dimension"] for part in funding if part["period"] == period}
+
+
+# ---------------------------------------------------------------- reserve
 
 
 def budget_reserve(
@@ -137,14 +335,12 @@ def budget_reserve(
     call_id: str = "",
     now: dt.datetime | None = None,
 ) -> BudgetLedgerEntry | BudgetRefusal:
-    """Reserve `amounts` against every period limit, or refuse and change nothing."""
+    """Reserve `amounts` against every period limit, or refuse and change nothing.
+
+    A run holding grants (approved extensions) that the tenant's limit refused
+    reserves the granted dimensions from its grants instead.
+    """
     now = now or timezone.now()
-    mode = budget.period_mode
-    # Outside the critical section: find or create the current buckets.
-    ids = {
-        period: _counter_id(budget.tenant_id, period, bucket_start(mode, period, now))
-        for period in PERIODS
-    }
     fields = {
         "tenant_id": budget.tenant_id,
         "run_id": run_id,
@@ -152,245 +348,473 @@ def budget_reserve(
         "call_id": call_id,
         "kind": kind,
         "reserved": amounts.to_dict(),
-        "counter_ids": [ids[period] for period in PERIODS],
     }
-    fast = connection.vendor == "postgresql" and mode == Budget.PeriodMode.CALENDAR
-    if fast and any(amounts.get(name) for name in PERIOD_DIMENSIONS):
+    result = _reserve(budget, amounts, fields, now, [])
+    if not isinstance(result, BudgetRefusal) or not result.period:
+        return result
+    grants = _grants_with_room(budget, run_id, amounts, now)
+    if not grants:
+        return result
+    funding = [
+        {"grant": grant.pk, "period": grant.period, "dimension": grant.dimension}
+        for grant in grants
+    ]
+    return _reserve(budget, amounts, fields, now, funding)
+
+
+def _reserve(
+    budget: Budget,
+    amounts: Amounts,
+    fields: dict[str, Any],
+    now: dt.datetime,
+    funding: list[dict[str, Any]],
+) -> BudgetLedgerEntry | BudgetRefusal:
+    for _attempt in range(3):
         try:
-            if not connection.in_atomic_block:  # one statement, autocommitted
-                return _reserve_calendar_postgres(budget, ids, amounts, fields)
-            with transaction.atomic():  # a savepoint the refusal rolls back to
-                return _reserve_calendar_postgres(budget, ids, amounts, fields)
-        except _Refused:
-            pass  # named below, from the counters as they are now
-    else:
-        try:
-            with transaction.atomic():
-                entry = BudgetLedgerEntry.objects.create(**fields)
-                if mode == Budget.PeriodMode.ROLLING:
-                    _reserve_rolling(budget, ids, amounts, now)
-                else:
-                    _reserve_calendar(budget, ids, amounts)
-                return entry
-        except _Refused as refused:
-            if refused.refusal.dimension:
-                return refused.refusal
-    # Refused without a name (the fast path, or a bucket gone): rolled back by now.
-    counters = list(BudgetCounter.objects.filter(id__in=ids.values()))
-    if len(counters) < len(PERIODS):  # a cached bucket went away: look again
-        _COUNTER_IDS.clear()
-        return budget_reserve(
-            budget=budget, run_id=run_id, kind=kind, amounts=amounts,
-            step_index=step_index, call_id=call_id, now=now,
-        )  # fmt: skip
-    by_id = {counter.id: counter for counter in counters}
-    for period in PERIODS:
-        limits = _limits_of(budget, period)
-        totals = counter_totals(by_id[ids[period]])
-        if any(
-            name in limits and amounts.get(name) > 0
-            and totals[name] + amounts.get(name) > limits[name]
-            for name in PERIOD_DIMENSIONS
-        ):  # fmt: skip
-            return _which(totals, limits, amounts, period)
-    limited = [p for p in PERIODS if _limits_of(budget, p)]
-    return _which(
-        counter_totals(by_id[ids[limited[0]]]), _limits_of(budget, limited[0]),
-        amounts, limited[0],
-    )  # fmt: skip
+            if budget.period_mode == Budget.PeriodMode.ROLLING:
+                return _reserve_rolling(budget, amounts, fields, now, funding)
+            return _reserve_calendar(budget, amounts, fields, now, funding)
+        except _Stale:
+            _SLOT_IDS.clear()  # a bucket went away (or was never complete)
+    raise RuntimeError("budget counters keep changing under this reservation")
 
 
-_COUNTER_IDS: dict[tuple[Any, str, dt.datetime], int] = {}
-
-
-def _counter_id(tenant_id: Any, period: str, start: dt.datetime) -> int:
-    key = (tenant_id, period, start)
-    found = _COUNTER_IDS.get(key)
-    if found is None:
-        if len(_COUNTER_IDS) > 10_000:
-            _COUNTER_IDS.clear()
-        found = _COUNTER_IDS[key] = _counter_for(tenant_id, period, start).id
-    return found
-
-
-_COUNTER_TABLE = BudgetCounter._meta.db_table
-_LEDGER_TABLE = BudgetLedgerEntry._meta.db_table
-
-
-def _reserve_calendar_postgres(
-    budget: Budget, ids: dict[str, int], amounts: Amounts, fields: dict[str, Any]
-) -> BudgetLedgerEntry:
-    """One statement: both conditional counter updates and the ledger insert.
-
-    The insert happens only if both updates matched; otherwise the caller's
-    transaction rolls back the one that did. Each writer then holds the hot rows
-    for one statement and its commit (the CTEs run day first, then month).
-    """
-    params: dict[str, Any] = {}
-    ctes = []
-    for period in PERIODS:
-        limits = _limits_of(budget, period)
-        params[f"{period}_id"] = ids[period]
-        sets, conds = [], []
-        for name in PERIOD_DIMENSIONS:
-            if not amounts.get(name):
-                continue
-            params[f"a_{name}"] = amounts.get(name)
-            sets.append(f"reserved_{name} = reserved_{name} + %(a_{name})s")
-            if name in limits and amounts.get(name) > 0:
-                params[f"{period}_{name}_limit"] = limits[name]
-                conds.append(
-                    f"used_{name} + reserved_{name} + %(a_{name})s"
-                    f" <= %({period}_{name}_limit)s"
-                )
-        where = " AND ".join([f"id = %({period}_id)s", *conds])
-        ctes.append(
-            f"{period}_upd AS (UPDATE {_COUNTER_TABLE} SET {', '.join(sets)}"
-            f" WHERE {where} RETURNING id)"
+def _reserve_calendar(
+    budget: Budget,
+    amounts: Amounts,
+    fields: dict[str, Any],
+    now: dt.datetime,
+    funding: list[dict[str, Any]],
+) -> BudgetLedgerEntry | BudgetRefusal:
+    slots = slot_count()
+    mine = os.getpid() % slots
+    ids = {
+        period: _bucket_ids(
+            budget.tenant_id, period, bucket_start(budget.period_mode, period, now),
+            slots,
         )
-    entry = BudgetLedgerEntry(**fields)
-    params.update(
-        id=entry.id,
-        tenant=fields["tenant_id"],
-        run=uuid.UUID(str(fields["run_id"])),
-        step=fields["step_index"],
-        call=fields["call_id"],
-        kind=fields["kind"],
-        reserved=json.dumps(fields["reserved"]),
-        counters=json.dumps(fields["counter_ids"]),
+        for period in PERIODS
+    }  # fmt: skip
+    if slots > 1 and not funding:
+        entry = _reserve_fast(budget, amounts, fields, [ids[p][mine] for p in PERIODS])
+        if entry is not None:
+            return entry
+    return _reserve_locked(budget, amounts, fields, ids, mine, funding)
+
+
+# c0 (the day) is read first, so it is updated first, then c1 (the month).
+_RESERVE_SQL = """
+WITH {ctes}
+INSERT INTO {ledger} (id, tenant_id, run_id, step_index, call_id, kind, status,
+                      reserved, counter_ids, funding, created_at)
+SELECT %(id)s::uuid, %(tenant)s::uuid, %(run)s::uuid, %(step)s::integer,
+       %(call)s::text, %(kind)s::text, 'reserved', %(reserved)s::jsonb,
+       %(counters)s::jsonb, '[]'::jsonb, now()
+WHERE CASE WHEN EXISTS (SELECT 1 FROM c0) AND EXISTS (SELECT 1 FROM c1) THEN true
+           WHEN EXISTS (SELECT 1 FROM c0) OR EXISTS (SELECT 1 FROM c1)
+           THEN 1 / (SELECT count(*) * 0 FROM c0) = 1
+           ELSE false END
+"""
+_RESERVE_CTE = (
+    "c{i} AS (UPDATE {counter} SET {sets} WHERE id = %(c{i})s::bigint"
+    " AND limits_version = %(version)s::integer AND {conds} RETURNING 1)"
+)
+
+
+def _param(prefix: str, name: str) -> str:
+    """A typed amount parameter (one prepared statement whatever the values)."""
+    return f"%({prefix}_{name})s::{'numeric' if name == 'cost' else 'bigint'}"
+
+
+def _reserve_statement() -> str:
+    sets = ", ".join(
+        f"reserved_{n} = reserved_{n} + {_param('a', n)}" for n in PERIOD_DIMENSIONS
     )
-    both = " AND ".join(f"EXISTS (SELECT 1 FROM {p}_upd)" for p in PERIODS)
-    either = " OR ".join(f"EXISTS (SELECT 1 FROM {p}_upd)" for p in PERIODS)
-    # One period granted and the other refused: divide by zero on purpose, so the
-    # whole statement (the granted update too) is undone; SQL has no RAISE. The
-    # zero comes from a subquery so the planner cannot fold it into every plan.
-    sql = (
-        f"WITH {', '.join(ctes)} INSERT INTO {_LEDGER_TABLE} (id, tenant_id, run_id,"
-        " step_index, call_id, kind, status, reserved, counter_ids, created_at)"
-        " SELECT %(id)s, %(tenant)s, %(run)s, %(step)s, %(call)s, %(kind)s,"
-        " 'reserved', %(reserved)s::jsonb, %(counters)s::jsonb, now()"
-        f" WHERE CASE WHEN {both} THEN true"
-        f" WHEN {either} THEN 1 / (SELECT count(*) * 0 FROM {PERIODS[0]}_upd) = 1"
-        " ELSE false END"
+    conds = " AND ".join(
+        f"({_param('a', n)} = 0 OR quota_{n} IS NULL"
+        f" OR used_{n} + reserved_{n} + {_param('a', n)} <= quota_{n})"
+        for n in PERIOD_DIMENSIONS
     )
+    counter = BudgetCounter._meta.db_table
+    ctes = ", ".join(
+        _RESERVE_CTE.format(i=i, counter=counter, sets=sets, conds=conds)
+        for i in range(len(PERIODS))
+    )
+    return _RESERVE_SQL.format(ctes=ctes, ledger=BudgetLedgerEntry._meta.db_table)
+
+
+_RESERVE = _reserve_statement()
+
+
+def _raw_cursor() -> psycopg.Cursor[Any]:
+    """A server-side-binding cursor on Django's own connection (same transaction
+    state), so the fixed statements below can be prepared once per connection.
+
+    Django turns prepared statements off on its connections (its own cursors
+    bind on the client and never prepare); an explicit `prepare=True` needs a
+    threshold, set high so nothing else is ever prepared automatically.
+    """
+    connection.ensure_connection()
+    raw = connection.connection
+    if settings.BUDGET_PREPARED_STATEMENTS and raw.prepare_threshold is None:
+        raw.prepare_threshold = 2**31 - 1
+    return psycopg.Cursor(raw)
+
+
+def _prepare() -> bool:
+    return bool(settings.BUDGET_PREPARED_STATEMENTS)
+
+
+def _typed(amounts: Amounts, prefix: str) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for name in PERIOD_DIMENSIONS:
+        value = amounts.get(name)
+        params[f"{prefix}_{name}"] = Decimal(value) if name == "cost" else int(value)
+    return params
+
+
+def _reserve_fast(
+    budget: Budget, amounts: Amounts, fields: dict[str, Any], counter_ids: list[int]
+) -> BudgetLedgerEntry | None:
+    """One statement on the writer's own slots; None if a slot is short (or its
+    quotas are from another budget version): the locked path decides then."""
+    entry = BudgetLedgerEntry(counter_ids=counter_ids, **fields)
+    params = {
+        "id": entry.id,
+        "tenant": fields["tenant_id"],
+        "run": uuid.UUID(str(fields["run_id"])),
+        "step": fields["step_index"],
+        "call": str(fields["call_id"]),
+        "kind": str(fields["kind"]),
+        "reserved": json.dumps(fields["reserved"]),
+        "counters": json.dumps(counter_ids),
+        "version": budget.version,
+        "c0": counter_ids[0],
+        "c1": counter_ids[1],
+        **_typed(amounts, "a"),
+    }
+
+    def run() -> bool:
+        with _raw_cursor() as cursor:
+            cursor.execute(_RESERVE, params, prepare=_prepare())
+            return cursor.rowcount == 1
+
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            inserted = cursor.rowcount == 1
-    except DataError as exc:
-        if not isinstance(exc.__cause__, psycopg.errors.DivisionByZero):
-            raise
+        if connection.in_atomic_block:  # a savepoint the refusal rolls back to
+            with transaction.atomic():
+                inserted = run()
+        else:  # one statement, autocommitted
+            inserted = run()
+    except psycopg.errors.DivisionByZero:
+        # One period granted and the other not: the statement undid itself.
         inserted = False
     if not inserted:
-        raise _Refused(BudgetRefusal("", ""))  # named from the counters
+        return None
     entry._state.adding = False
     return entry
 
 
-def _settle_postgres(entry: BudgetLedgerEntry, actual: Amounts, status: str) -> bool:
+def _reserve_locked(
+    budget: Budget,
+    amounts: Amounts,
+    fields: dict[str, Any],
+    ids: dict[str, list[int]],
+    mine: int,
+    funding: list[dict[str, Any]],
+) -> BudgetLedgerEntry | BudgetRefusal:
+    """Every slot of both buckets locked: check the buckets against the limits
+    read now, reserve on this writer's slots and re-divide the rest."""
+    wanted_ids = [counter_id for p in PERIODS for counter_id in ids[p]]
+    with transaction.atomic():
+        rows = list(
+            BudgetCounter.objects.select_for_update()
+            .filter(id__in=wanted_ids)
+            .order_by("period", "slot")  # day before month, then by slot
+        )
+        if len(rows) != len(wanted_ids):
+            raise _Stale
+        fresh = (
+            Budget.objects.filter(tenant_id=budget.tenant_id)
+            .values_list("period_limits", "version")
+            .first()
+        )
+        period_limits, version = fresh if fresh is not None else ({}, 0)
+        by_period = {p: [r for r in rows if r.period == p] for p in PERIODS}
+        for period in PERIODS:
+            excluded = _excluded(funding, period)
+            limits = _limits_from(period_limits, period)
+            totals = _totals(by_period[period])
+            for name in PERIOD_DIMENSIONS:
+                wanted = amounts.get(name)
+                if name in excluded or name not in limits or wanted <= 0:
+                    continue
+                if totals[name] + wanted > limits[name]:
+                    return _refusal(period, name, limits[name], totals[name], wanted)
+        refused = _charge_grants(funding, amounts)
+        if refused is not None:
+            transaction.set_rollback(True)
+            return refused
+        changed: list[str] = []
+        for period in PERIODS:
+            excluded = _excluded(funding, period)
+            row = by_period[period][mine]
+            for name in PERIOD_DIMENSIONS:
+                if name not in excluded and amounts.get(name):
+                    field = f"reserved_{name}"
+                    setattr(row, field, getattr(row, field) + amounts.get(name))
+                    if field not in changed:
+                        changed.append(field)
+            _rebalance(
+                by_period[period], _limits_from(period_limits, period), version,
+                favoured=mine, changed=tuple(changed),
+            )  # fmt: skip
+        return BudgetLedgerEntry.objects.create(
+            counter_ids=[by_period[p][mine].id for p in PERIODS],
+            funding=funding,
+            **fields,
+        )
+
+
+def _charge_grants(
+    funding: list[dict[str, Any]], amounts: Amounts
+) -> BudgetRefusal | None:
+    """Reserve the funded dimensions from the run's grants (conditionally)."""
+    for part in funding:
+        wanted = Decimal(amounts.get(part["dimension"]))
+        granted = BudgetGrant.objects.filter(
+            id=part["grant"], amount__gte=F("used") + F("reserved") + Value(wanted)
+        ).update(reserved=F("reserved") + Value(wanted))
+        if not granted:
+            grant = BudgetGrant.objects.get(id=part["grant"])
+            return _refusal(
+                part["period"], part["dimension"], grant.amount,
+                grant.used + grant.reserved, wanted, granted=True,
+            )  # fmt: skip
+    return None
+
+
+def _totals(rows: list[BudgetCounter]) -> dict[str, Any]:
+    return {
+        name: sum(
+            (getattr(r, f"used_{name}") + getattr(r, f"reserved_{name}") for r in rows),
+            Decimal(0) if name == "cost" else 0,
+        )
+        for name in PERIOD_DIMENSIONS
+    }
+
+
+def _refusal(
+    period: str,
+    name: str,
+    limit: Any,
+    total: Any,
+    wanted: Any,
+    *,
+    granted: bool = False,
+) -> BudgetRefusal:
+    held_to = "this run's extension" if granted else "the tenant's limit"
+    return BudgetRefusal(
+        refusal_dimension(name, period),
+        f"{held_to} of {name} per {period} is {limit}; "
+        f"{total} is used or reserved and this needs {wanted}",
+        period=period,
+        name=name,
+        limit=Decimal(limit),
+        total=Decimal(total),
+        wanted=Decimal(wanted),
+        # A grant funds a dimension whole: it must hold all of the reservation.
+        needed=Decimal(total + wanted - limit) if granted else Decimal(wanted),
+    )
+
+
+def _reserve_rolling(
+    budget: Budget,
+    amounts: Amounts,
+    fields: dict[str, Any],
+    now: dt.datetime,
+    funding: list[dict[str, Any]],
+) -> BudgetLedgerEntry | BudgetRefusal:
+    mode = budget.period_mode
+    ids = {p: _bucket_ids(budget.tenant_id, p, bucket_start(mode, p, now), 1)[0]
+           for p in PERIODS}  # fmt: skip
+    with transaction.atomic():
+        locked = (
+            Budget.objects.select_for_update()
+            .filter(id=budget.id)
+            .values_list("period_limits", flat=True)
+            .first()
+        )
+        for period in PERIODS:
+            limits = _limits_from(locked, period)
+            excluded = _excluded(funding, period)
+            if not limits:
+                continue
+            totals = window_totals(budget.tenant_id, mode, period, now)
+            for name in PERIOD_DIMENSIONS:
+                wanted = amounts.get(name)
+                if name in excluded or name not in limits or wanted <= 0:
+                    continue
+                if totals[name] + wanted > limits[name]:
+                    return _refusal(period, name, limits[name], totals[name], wanted)
+        refused = _charge_grants(funding, amounts)
+        if refused is not None:
+            transaction.set_rollback(True)
+            return refused
+        for period in PERIODS:
+            excluded = _excluded(funding, period)
+            increments = {
+                f"reserved_{name}": F(f"reserved_{name}") + Value(amounts.get(name))
+                for name in PERIOD_DIMENSIONS
+                if amounts.get(name) and name not in excluded
+            }
+            if increments and not (
+                BudgetCounter.objects.filter(id=ids[period]).update(**increments)
+            ):
+                transaction.set_rollback(True)
+                raise _Stale
+        return BudgetLedgerEntry.objects.create(
+            counter_ids=[ids[p] for p in PERIODS], funding=funding, **fields
+        )
+
+
+# ---------------------------------------------------------------- settle
+
+
+# The select list runs the updates in this order: the ledger row, then the day,
+# then the month (the reservation's order). Data-modifying CTEs left unread run
+# last, later ones first, which would be month before day: a deadlock with a
+# reservation holding the day row.
+_SETTLE_SQL = """
+WITH l AS (UPDATE {ledger} SET status = %(status)s::text, actual = %(actual)s::jsonb,
+                  settled_at = now()
+           WHERE id = %(id)s::uuid AND status = 'reserved' RETURNING 1),
+     {ctes}
+SELECT (SELECT count(*) FROM l), {counts}
+"""
+
+
+def _settle_statement() -> str:
+    sets = ", ".join(
+        f"used_{n} = used_{n} + {_param('u', n)}, reserved_{n} = reserved_{n}"
+        f" - CASE WHEN EXISTS (SELECT 1 FROM l) THEN {_param('r', n)} ELSE 0 END"
+        for n in PERIOD_DIMENSIONS
+    )
+    counter = BudgetCounter._meta.db_table
+    ctes = ", ".join(
+        f"c{i} AS (UPDATE {counter} SET {sets} WHERE id = %(c{i})s::bigint RETURNING 1)"
+        for i in range(len(PERIODS))
+    )
+    counts = ", ".join(f"(SELECT count(*) FROM c{i})" for i in range(len(PERIODS)))
+    return _SETTLE_SQL.format(
+        ledger=BudgetLedgerEntry._meta.db_table, ctes=ctes, counts=counts
+    )
+
+
+_SETTLE = _settle_statement()
+
+
+def _settle_fast(entry: BudgetLedgerEntry, actual: Amounts, status: str) -> bool:
     """One statement: the ledger compare-and-set and both counter updates."""
-    reserved = Amounts.from_dict(entry.reserved)
     params: dict[str, Any] = {
         "id": entry.id,
-        "status": status,
+        "status": str(status),
         "actual": None if status == "released" else json.dumps(actual.to_dict()),
+        "c0": entry.counter_ids[0],
+        "c1": entry.counter_ids[1],
+        **_typed(actual, "u"),
+        **_typed(Amounts.from_dict(entry.reserved), "r"),
     }
-    sets = []
-    for name in PERIOD_DIMENSIONS:
-        if actual.get(name):
-            params[f"u_{name}"] = actual.get(name)
-            sets.append(f"used_{name} = used_{name} + %(u_{name})s")
-        if reserved.get(name):
-            params[f"r_{name}"] = reserved.get(name)
-            sets.append(
-                f"reserved_{name} = reserved_{name} - CASE WHEN EXISTS"
-                f" (SELECT 1 FROM l) THEN %(r_{name})s ELSE 0 END"
-            )
-    ctes = [
-        f"l AS (UPDATE {_LEDGER_TABLE} SET status = %(status)s,"
-        " actual = %(actual)s::jsonb, settled_at = now()"
-        " WHERE id = %(id)s AND status = 'reserved' RETURNING 1)"
-    ]
-    selects = ["(SELECT count(*) FROM l)"]
-    if sets:
-        for index, counter_id in enumerate(entry.counter_ids):
-            params[f"c{index}"] = counter_id
-            ctes.append(
-                f"c{index} AS (UPDATE {_COUNTER_TABLE} SET {', '.join(sets)}"
-                f" WHERE id = %(c{index})s RETURNING 1)"
-            )
-            selects.append(f"(SELECT count(*) FROM c{index})")
-    with connection.cursor() as cursor:
-        cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(selects)}", params)
+    with _raw_cursor() as cursor:
+        cursor.execute(_SETTLE, params, prepare=_prepare())
         row = cursor.fetchone()
     return bool(row and row[0])
 
 
-def _reserve_calendar(budget: Budget, ids: dict[str, int], amounts: Amounts) -> None:
-    for period in PERIODS:  # always day before month: one lock order everywhere
-        limits = _limits_of(budget, period)
-        conditions: list[Any] = [
-            LessThanOrEqual(
-                F(f"used_{name}") + F(f"reserved_{name}") + Value(amounts.get(name)),
-                Value(limits[name]),
-            )
-            for name in PERIOD_DIMENSIONS
-            if name in limits and amounts.get(name) > 0
-        ]
-        increments = _increments("reserved", amounts)
-        if not increments:
-            continue
-        updated = BudgetCounter.objects.filter(*conditions, id=ids[period]).update(
-            **increments
+def _settle_locked(entry: BudgetLedgerEntry, actual: Amounts, status: str) -> bool:
+    """The same in a transaction: SQLite, and entries funded by grants."""
+    reserved = Amounts.from_dict(entry.reserved)
+    funding = list(entry.funding or [])
+    with transaction.atomic():
+        won = BudgetLedgerEntry.objects.filter(
+            id=entry.id, status=BudgetLedgerEntry.Status.RESERVED
+        ).update(
+            status=status,
+            actual=None if status == "released" else actual.to_dict(),
+            settled_at=timezone.now(),
         )
-        if not updated:
-            counter = BudgetCounter.objects.filter(id=ids[period]).first()
-            if counter is None:  # a cached bucket went away
-                raise _Refused(BudgetRefusal("", ""))
-            raise _Refused(_which(counter_totals(counter), limits, amounts, period))
+        for period, counter_id in zip(PERIODS, entry.counter_ids, strict=False):
+            excluded = _excluded(funding, period)
+            changes: dict[str, Any] = {}
+            for name in PERIOD_DIMENSIONS:
+                if name in excluded:
+                    continue
+                delta = actual.get(name)
+                if delta:
+                    changes[f"used_{name}"] = F(f"used_{name}") + Value(delta)
+                if won and reserved.get(name):
+                    changes[f"reserved_{name}"] = F(f"reserved_{name}") - Value(
+                        reserved.get(name)
+                    )
+            if changes:
+                BudgetCounter.objects.filter(id=counter_id).update(**changes)
+        for part in funding:  # after the counters: one lock order everywhere
+            name = part["dimension"]
+            grant_changes: dict[str, Any] = {
+                "used": F("used") + Value(Decimal(actual.get(name)))
+            }
+            if won:
+                grant_changes["reserved"] = F("reserved") - Value(
+                    Decimal(reserved.get(name))
+                )
+            BudgetGrant.objects.filter(id=part["grant"]).update(**grant_changes)
+    return bool(won)
 
 
-def _reserve_rolling(
-    budget: Budget, ids: dict[str, int], amounts: Amounts, now: dt.datetime
-) -> None:
-    Budget.objects.select_for_update().filter(id=budget.id).values_list("id").get()
-    for period in PERIODS:
-        limits = _limits_of(budget, period)
-        if not limits:
-            continue
-        totals = window_totals(budget.tenant_id, budget.period_mode, period, now)
-        for name in PERIOD_DIMENSIONS:
-            over = totals[name] + amounts.get(name) > limits.get(name, totals[name])
-            if name in limits and amounts.get(name) > 0 and over:
-                raise _Refused(_which(totals, limits, amounts, period))
-    increments = _increments("reserved", amounts)
-    for period in PERIODS:
-        if increments and not (
-            BudgetCounter.objects.filter(id=ids[period]).update(**increments)
-        ):
-            raise _Refused(BudgetRefusal("", ""))  # a cached bucket went away
-
-
-def _which(
-    totals: dict[str, Decimal],
-    limits: dict[str, Decimal],
-    amounts: Amounts,
-    period: str,
-) -> BudgetRefusal:
-    for name in PERIOD_DIMENSIONS:
-        wanted = amounts.get(name)
-        if name in limits and wanted > 0 and totals[name] + wanted > limits[name]:
-            return BudgetRefusal(
-                refusal_dimension(name, period),
-                f"the tenant's {name} limit per {period} is {limits[name]}; "
-                f"{totals[name]} is used or reserved and this needs {wanted}",
-            )
-    # Raced with a settlement in between; the limit was still what refused it.
-    name = next(n for n in PERIOD_DIMENSIONS if n in limits and amounts.get(n) > 0)
-    return BudgetRefusal(
-        refusal_dimension(name, period),
-        f"the tenant's {name} limit per {period} is {limits[name]}",
+def _fast(entry: BudgetLedgerEntry) -> bool:
+    return (
+        connection.vendor == "postgresql"
+        and not entry.funding
+        and len(entry.counter_ids) == len(PERIODS)
     )
+
+
+def budget_settle(entry: BudgetLedgerEntry, actual: Amounts) -> bool:
+    """Move the reservation to used with the actual amounts (never refused: the
+    spend happened). A reservation already released by recovery only adds its use.
+    Returns whether this call settled the reservation itself."""
+    status = BudgetLedgerEntry.Status.SETTLED
+    if _fast(entry):
+        settled = _settle_fast(entry, actual, status)
+    else:
+        settled = _settle_locked(entry, actual, status)
+    if not settled:  # released before: keep what was spent on the entry too
+        BudgetLedgerEntry.objects.filter(id=entry.id).update(
+            actual=actual.to_dict(), settled_at=timezone.now()
+        )
+    entry.status = status
+    entry.actual = actual.to_dict()
+    return settled
+
+
+def budget_release(entry: BudgetLedgerEntry) -> bool:
+    """Give a reservation back without use; a no-op once settled or released."""
+    status = BudgetLedgerEntry.Status.RELEASED
+    if _fast(entry):
+        return _settle_fast(entry, Amounts(), status)
+    return _settle_locked(entry, Amounts(), status)
+
+
+def budget_release_for_run(*, run_id: Any) -> int:
+    """Release every open reservation of a run (its step crashed or it ended)."""
+    released = 0
+    for entry in BudgetLedgerEntry.objects.filter(
+        run_id=run_id, status=BudgetLedgerEntry.Status.RESERVED
+    ):
+        released += budget_release(entry)
+    return released
+
+
+# ---------------------------------------------------------------- reads
 
 
 def counter_totals(counter: BudgetCounter) -> dict[str, Decimal]:
@@ -404,7 +828,8 @@ def counter_totals(counter: BudgetCounter) -> dict[str, Decimal]:
 def window_totals(
     tenant_id: Any, mode: str, period: str, now: dt.datetime
 ) -> dict[str, Decimal]:
-    """Used + reserved per dimension over the period's window."""
+    """Used + reserved per dimension over the period's window, against the
+    tenant's limit (what runs reserved from their own grants is not in it)."""
     sums = BudgetCounter.objects.filter(
         window_filter(mode, period, now), tenant_id=tenant_id
     ).aggregate(
@@ -419,6 +844,7 @@ def window_totals(
 def window_usage(
     tenant_id: Any, mode: str, period: str, now: dt.datetime
 ) -> dict[str, dict[str, str]]:
+    """Used and reserved per dimension in the window, grants included."""
     sums = BudgetCounter.objects.filter(
         window_filter(mode, period, now), tenant_id=tenant_id
     ).aggregate(
@@ -428,86 +854,25 @@ def window_usage(
             for state in ("used", "reserved")
         }
     )
-    return {
-        name: {
-            "used": str(sums[f"used_{name}"] or 0),
-            "reserved": str(sums[f"reserved_{name}"] or 0),
-        }
-        for name in PERIOD_DIMENSIONS
-    }
-
-
-def _increments(state: str, amounts: Amounts, sign: int = 1) -> dict[str, Any]:
-    return {
-        f"{state}_{name}": F(f"{state}_{name}") + Value(sign * amounts.get(name))
-        for name in PERIOD_DIMENSIONS
-        if amounts.get(name)
-    }
-
-
-def budget_settle(entry: BudgetLedgerEntry, actual: Amounts) -> bool:
-    """Move the reservation to used with the actual amounts (never refused: the
-    spend happened). A reservation already released by recovery only adds its use.
-    Returns whether this call settled the reservation itself."""
-    if connection.vendor == "postgresql":
-        settled = _settle_postgres(entry, actual, BudgetLedgerEntry.Status.SETTLED)
-        if not settled:
-            BudgetLedgerEntry.objects.filter(id=entry.id).update(
-                actual=actual.to_dict(), settled_at=timezone.now()
-            )
-        entry.status = BudgetLedgerEntry.Status.SETTLED
-        entry.actual = actual.to_dict()
-        return settled
-    with transaction.atomic():
-        won = BudgetLedgerEntry.objects.filter(
-            id=entry.id, status=BudgetLedgerEntry.Status.RESERVED
-        ).update(
-            status=BudgetLedgerEntry.Status.SETTLED,
-            actual=actual.to_dict(),
-            settled_at=timezone.now(),
+    granted = (
+        BudgetGrant.objects.filter(
+            window_filter(mode, period, now), tenant_id=tenant_id
         )
-        reserved = Amounts.from_dict(entry.reserved)
-        for counter_id in entry.counter_ids:
-            changes = _increments("used", actual)
-            if won:
-                for name, value in _increments("reserved", reserved, -1).items():
-                    changes[name] = value
-            if changes:
-                BudgetCounter.objects.filter(id=counter_id).update(**changes)
-        if not won:
-            BudgetLedgerEntry.objects.filter(id=entry.id).update(
-                actual=actual.to_dict(), settled_at=timezone.now()
+        .values("dimension")
+        .annotate(used=Sum("used"), reserved=Sum("reserved"))
+    )
+    extra = {row["dimension"]: row for row in granted}
+    usage = {}
+    for name in PERIOD_DIMENSIONS:
+        grant = extra.get(name, {})
+        usage[name] = {
+            state: str(
+                Decimal(str(sums[f"{state}_{name}"] or 0))
+                + Decimal(str(grant.get(state) or 0))
             )
-    entry.status = BudgetLedgerEntry.Status.SETTLED
-    entry.actual = actual.to_dict()
-    return bool(won)
-
-
-def budget_release(entry: BudgetLedgerEntry) -> bool:
-    """Give a reservation back without use; a no-op once settled or released."""
-    if connection.vendor == "postgresql":
-        return _settle_postgres(entry, Amounts(), BudgetLedgerEntry.Status.RELEASED)
-    with transaction.atomic():
-        won = BudgetLedgerEntry.objects.filter(
-            id=entry.id, status=BudgetLedgerEntry.Status.RESERVED
-        ).update(status=BudgetLedgerEntry.Status.RELEASED, settled_at=timezone.now())
-        if won:
-            reserved = Amounts.from_dict(entry.reserved)
-            changes = _increments("reserved", reserved, -1)
-            for counter_id in entry.counter_ids:  # day, then month: one lock order
-                if changes:
-                    BudgetCounter.objects.filter(id=counter_id).update(**changes)
-    return bool(won)
-
-
-def budget_release_for_run(*, run_id: Any) -> int:
-    """Release every open reservation of a run (its step crashed or it ended)."""
-    released = 0
-    for entry in BudgetLedgerEntry.objects.filter(
-        run_id=run_id, status=BudgetLedgerEntry.Status.RESERVED
-    ):
-        released += budget_release(entry)
-    return released
+            for state in ("used", "reserved")
+        }
+    return usage
 
 
 def budget_of(tenant: Tenant | Any) -> Budget | None:

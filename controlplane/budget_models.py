@@ -28,6 +28,10 @@ class Budget(models.Model):
         CALENDAR = "calendar"  # the UTC day / month
         ROLLING = "rolling"  # the last 24 hours / 30 days, in hour / day buckets
 
+    class OnExhausted(models.TextChoices):
+        STOP = "stop"  # a refused reservation ends the run budget_exhausted
+        ASK = "ask"  # it asks for an approval "extend <dimension> by X" instead
+
     tenant = models.OneToOneField(
         Tenant, on_delete=models.CASCADE, related_name="budget"
     )
@@ -38,6 +42,12 @@ class Budget(models.Model):
     run_caps = models.JSONField(default=dict)
     max_concurrent_runs = models.PositiveIntegerField(null=True, blank=True)
     allow_unknown_price = models.BooleanField(default=False)
+    on_exhausted = models.CharField(
+        max_length=8, choices=OnExhausted.choices, default=OnExhausted.STOP
+    )
+    # The step of an extension per period dimension or run cap ("cost": "5",
+    # "max_steps": 10); a missing one extends by the current limit again.
+    extend_by = models.JSONField(default=dict, blank=True)
     version = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -46,10 +56,14 @@ class Budget(models.Model):
 
 
 class BudgetCounter(models.Model):
-    """Use and reservations of one tenant in one period bucket.
+    """Use and reservations of one tenant in one period bucket, in slots.
 
-    Calendar mode has one bucket per day and per month; rolling mode has hour
-    buckets (summed over 24 hours) and day buckets (summed over 30 days).
+    Calendar mode has one bucket per day and per month, each split into slots
+    (escrow): a slot holds a share of the limit (`quota_*`), so concurrent
+    writers reserve on different rows; the shares always sum to the limit and
+    are moved between slots under lock when one runs short (budget_ledger.py).
+    Rolling mode has hour buckets (summed over 24 hours) and day buckets (summed
+    over 30 days), one slot each, checked against the limit under the budget lock.
     """
 
     tenant = models.ForeignKey(
@@ -57,6 +71,7 @@ class BudgetCounter(models.Model):
     )
     period = models.CharField(max_length=8)  # day | month
     bucket_start = models.DateTimeField()
+    slot = models.PositiveSmallIntegerField(default=0)
     used_input_tokens = models.BigIntegerField(default=0)
     reserved_input_tokens = models.BigIntegerField(default=0)
     used_output_tokens = models.BigIntegerField(default=0)
@@ -67,17 +82,31 @@ class BudgetCounter(models.Model):
     )
     used_runs = models.BigIntegerField(default=0)
     reserved_runs = models.BigIntegerField(default=0)
+    # The slot's share of the limit (calendar mode); NULL: no limit. It may lie
+    # below used + reserved (after a limit was lowered): the slot then refuses.
+    quota_input_tokens = models.BigIntegerField(null=True, blank=True)
+    quota_output_tokens = models.BigIntegerField(null=True, blank=True)
+    quota_cost = models.DecimalField(
+        max_digits=18, decimal_places=6, null=True, blank=True
+    )
+    quota_runs = models.BigIntegerField(null=True, blank=True)
+    # Budget.version the quotas were computed from; a writer holding another
+    # version takes the locked path, which recomputes them.
+    limits_version = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["tenant", "period", "bucket_start"],
-                name="one_budget_counter_per_bucket",
+                fields=["tenant", "period", "bucket_start", "slot"],
+                name="one_budget_counter_per_bucket_slot",
             )
         ]
 
     def __str__(self) -> str:
-        return f"{self.tenant} {self.period} {self.bucket_start:%Y-%m-%d %H:%M}"
+        return (
+            f"{self.tenant} {self.period} {self.bucket_start:%Y-%m-%d %H:%M}"
+            f" #{self.slot}"
+        )
 
 
 class BudgetLedgerEntry(models.Model):
@@ -102,8 +131,11 @@ class BudgetLedgerEntry(models.Model):
         on_delete=models.CASCADE,
         related_name="budget_ledger",
         db_constraint=False,
+        db_index=False,  # read by run; a tenant's deletion may scan
     )
     # No foreign key: runs depends on controlplane, not the other way round.
+    # The only index besides the key: settling changes no indexed column, so on
+    # PostgreSQL it is a HOT update (the table keeps free space for it).
     run_id = models.UUIDField(db_index=True)
     step_index = models.IntegerField(null=True, blank=True)
     call_id = models.CharField(max_length=128, blank=True)
@@ -113,15 +145,51 @@ class BudgetLedgerEntry(models.Model):
     )
     reserved = models.JSONField(default=dict)  # {input_tokens, output_tokens, cost}
     actual = models.JSONField(null=True, blank=True)
-    counter_ids = models.JSONField(default=list)
+    counter_ids = models.JSONField(default=list)  # [day counter, month counter]
+    # Dimensions reserved from the run's grants instead of the counters:
+    # [{"grant": id, "period": "day", "dimension": "cost"}].
+    funding = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     settled_at = models.DateTimeField(null=True, blank=True)
 
-    class Meta:
-        indexes = [models.Index(fields=["run_id", "status"])]
-
     def __str__(self) -> str:
         return f"{self.kind} {self.status} for run {self.run_id}"
+
+
+class BudgetGrant(models.Model):
+    """A run's own extension of one period limit in one bucket (approved).
+
+    When the tenant's limit refuses the run, the dimension is reserved from here
+    instead (never beyond `amount`); every other run still sees the tenant's
+    limit, so the period's total stays within the limit plus the grants.
+    Who approved how much is in the audit log (`budget.extend`).
+    """
+
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.CASCADE,
+        related_name="budget_grants",
+        db_constraint=False,  # as the ledger: no key-share lock on the tenant row
+    )
+    run_id = models.UUIDField()
+    period = models.CharField(max_length=8)  # day | month
+    bucket_start = models.DateTimeField()
+    dimension = models.CharField(max_length=16)  # input_tokens | output_tokens | cost
+    amount = models.DecimalField(max_digits=18, decimal_places=6)
+    used = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    reserved = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run_id", "period", "bucket_start", "dimension"],
+                name="one_budget_grant_per_run_bucket_dimension",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"+{self.amount} {self.dimension} per {self.period} for {self.run_id}"
 
 
 class ModelPriceEntry(models.Model):

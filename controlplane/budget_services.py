@@ -8,8 +8,9 @@ the tenant's concurrency limit queued until a slot frees (oldest first).
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -21,20 +22,24 @@ from django.utils import timezone
 from controlplane.budget_ledger import (
     Amounts,
     BudgetRefusal,
+    bucket_start,
+    budget_grant_add,
     budget_of,
     budget_release_for_run,
     budget_reserve,
     budget_settle,
+    budget_slots_sync,
     window_usage,
 )
 from controlplane.budget_models import (
     PERIOD_DIMENSIONS,
     PERIODS,
     Budget,
+    BudgetGrant,
     BudgetLedgerEntry,
     ModelPriceEntry,
 )
-from controlplane.models import Tenant
+from controlplane.models import Role, Tenant
 from controlplane.services import audit_record
 from runs.engine.budget import BudgetLimits, BudgetVector, ModelPrice
 from runs.engine.stop import BUDGET_STOP_REASONS, StopReason
@@ -61,6 +66,19 @@ _CAP_FOR_PERIOD = {
     "max_output_tokens": "output_tokens",
     "max_cost": "cost",
 }
+
+
+BUDGET_FIELDS = (
+    "period_mode", "allow_unknown_price", "on_exhausted", "extend_by", "limits",
+)  # fmt: skip
+# What an approval may extend: the period dimensions (runs per period are counted
+# when a run starts, before there is anything to resume) and every run cap.
+EXTENDABLE_PERIOD_DIMENSIONS = ("input_tokens", "output_tokens", "cost")
+EXTENDABLE = (*EXTENDABLE_PERIOD_DIMENSIONS, *BudgetLimits.__dataclass_fields__)
+_INTEGER_STEPS = {
+    "input_tokens", "output_tokens",
+    "max_steps", "max_tool_calls", "max_input_tokens", "max_output_tokens",
+}  # fmt: skip
 
 
 class BudgetInputError(ValueError):
@@ -138,10 +156,16 @@ def budget_validate(data: Any, *, current: Budget | None) -> dict[str, Any]:
     """
     if not isinstance(data, dict):
         raise BudgetInputError("non_field_errors", "expected a JSON object")
-    unknown = sorted(set(data) - {"period_mode", "allow_unknown_price", "limits"})
+    unknown = sorted(set(data) - set(BUDGET_FIELDS))
     if unknown:
         raise BudgetInputError(unknown[0], "unknown field")
     clean: dict[str, Any] = {}
+    if "on_exhausted" in data:
+        if data["on_exhausted"] not in Budget.OnExhausted.values:
+            raise BudgetInputError("on_exhausted", "must be stop or ask")
+        clean["on_exhausted"] = data["on_exhausted"]
+    if "extend_by" in data:
+        clean["extend_by"] = _clean_extend_by(data["extend_by"])
     if "period_mode" in data:
         if data["period_mode"] not in Budget.PeriodMode.values:
             raise BudgetInputError("period_mode", "must be calendar or rolling")
@@ -175,6 +199,28 @@ def budget_validate(data: Any, *, current: Budget | None) -> dict[str, Any]:
     period_limits = clean.get("period_limits", current.period_limits if current else {})
     run_caps = clean.get("run_caps", current.run_caps if current else {})
     _check_caps_within_periods(run_caps, period_limits)
+    return clean
+
+
+def _clean_extend_by(raw: Any) -> dict[str, Any]:
+    """The extension step per dimension; a missing or null one is the limit again."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BudgetInputError("extend_by", "expected an object")
+    clean: dict[str, Any] = {}
+    for name, value in raw.items():
+        field = f"extend_by.{name}"
+        if name not in EXTENDABLE:
+            raise BudgetInputError(
+                field, f"unknown dimension; one of {', '.join(EXTENDABLE)}"
+            )
+        if value is None:
+            continue
+        step = _non_negative(field, value, integer=name in _INTEGER_STEPS)
+        if Decimal(str(step)) <= 0:
+            raise BudgetInputError(field, "must be greater than 0 (or null)")
+        clean[name] = step
     return clean
 
 
@@ -253,9 +299,12 @@ def budget_as_dict(budget: Budget | None) -> dict[str, Any]:
         name: run_caps.get(name) for name in BudgetLimits.__dataclass_fields__
     }
     limits["max_concurrent_runs"] = budget.max_concurrent_runs if budget else None
+    extend_by = budget.extend_by if budget else {}
     return {
         "period_mode": budget.period_mode if budget else "calendar",
         "allow_unknown_price": budget.allow_unknown_price if budget else False,
+        "on_exhausted": budget.on_exhausted if budget else "stop",
+        "extend_by": {name: extend_by.get(name) for name in EXTENDABLE},
         "limits": limits,
     }
 
@@ -274,6 +323,7 @@ def budget_update(
         setattr(budget, name, value)
     budget.version += 1
     budget.save()
+    budget_slots_sync(budget=budget)  # re-divide the current buckets' limits
     audit_record(
         tenant=tenant,
         actor=actor,
@@ -476,8 +526,11 @@ def run_remaining(usage: BudgetVector, limits: BudgetLimits) -> dict[str, Any]:
 
 
 def run_usage_against_caps(run: Run) -> dict[str, dict[str, Any]]:
-    """For the run API: each dimension's use next to its cap (None: uncapped)."""
-    limits = BudgetLimits.from_dict(run.limits)
+    """For the run API: each dimension's use next to its cap (None: uncapped),
+    approved extensions included."""
+    limits = limits_with_extensions(
+        BudgetLimits.from_dict(run.limits), run.limit_extensions
+    )
     wall = float((run.engine_state.get("usage") or {}).get("wall_seconds", 0.0))
     max_cost = None if limits.max_cost is None else str(limits.max_cost)
     pairs = {
@@ -576,3 +629,230 @@ def runs_start_queued(*, tenant_id: Any) -> int:
             step_enqueue(run)
             started += 1
         return started
+
+
+# ---------------------------------------------------------------- extensions
+
+
+@dataclass(frozen=True)
+class ExtensionAsk:
+    """An approval "extend <dimension> by X" to ask instead of ending the run.
+
+    `scope` is `period` (a per-run grant on a period limit of the bucket the
+    reservation was refused in) or `run_cap` (the run's own cap). `stop_reason`
+    is what the run ends with on a deny or an expiry.
+    """
+
+    scope: str
+    dimension: str  # the refused dimension, e.g. tenant_cost_per_day or max_cost
+    name: str  # what grows: a period dimension (cost) or a run cap (max_cost)
+    amount: Decimal  # X
+    limit: Decimal  # what the run is held to now
+    used: Decimal  # used (and reserved) against it
+    wanted: Decimal  # what the refused reservation or call needed
+    stop_reason: str
+    detail: str
+    period: str = ""
+    bucket_start: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scope": self.scope,
+            "dimension": self.dimension,
+            "name": self.name,
+            "amount": _number(self.amount),
+            "limit": _number(self.limit),
+            "used": _number(self.used),
+            "wanted": _number(self.wanted),
+            "stop_reason": self.stop_reason,
+            "detail": self.detail,
+            "period": self.period,
+            "bucket_start": self.bucket_start,
+        }
+
+
+def _number(value: Decimal) -> str:
+    """A decimal as plain text without trailing zeros ("5", "0.25")."""
+    text = format(value, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _asks(run: Run) -> Budget | None:
+    """The tenant's budget if it asked to be asked, and somebody may answer."""
+    from controlplane.models import Membership
+    from controlplane.permissions import Action, role_may
+
+    budget = budget_of(run.tenant_id)
+    if budget is None or budget.on_exhausted != Budget.OnExhausted.ASK:
+        return None
+    roles = [role for role in Role.values if role_may(role, Action.APPROVAL_DECIDE)]
+    deciders = Membership.objects.filter(
+        tenant_id=run.tenant_id, role__in=roles, user__is_active=True
+    )
+    return budget if deciders.exists() else None  # unattended: stop
+
+
+def _extension_step(budget: Budget, name: str, current: Decimal) -> Decimal:
+    configured = (budget.extend_by or {}).get(name)
+    return Decimal(str(configured)) if configured is not None else current
+
+
+def budget_period_extension_ask(
+    *, run: Run, refusal: BudgetRefusal
+) -> ExtensionAsk | None:
+    """For a refused period reservation in ask mode: extend it by the tenant's
+    step (or the limit again), at least by what the reservation lacks."""
+    if refusal.name not in EXTENDABLE_PERIOD_DIMENSIONS or not refusal.period:
+        return None
+    budget = _asks(run)
+    if budget is None:
+        return None
+    base = _limits_of_period(budget, refusal.period).get(refusal.name, Decimal(0))
+    step = _extension_step(budget, refusal.name, base)
+    amount = max(step, refusal.needed)
+    if refusal.name != "cost":
+        amount = amount.to_integral_value(rounding=ROUND_CEILING)
+    start = bucket_start(budget.period_mode, refusal.period, timezone.now())
+    return ExtensionAsk(
+        scope="period",
+        dimension=refusal.dimension,
+        name=refusal.name,
+        amount=amount,
+        limit=refusal.limit,
+        used=refusal.total,
+        wanted=refusal.wanted,
+        stop_reason=refusal.dimension,
+        detail=refusal.detail,
+        period=refusal.period,
+        bucket_start=start.isoformat(),
+    )
+
+
+def _limits_of_period(budget: Budget, period: str) -> dict[str, Decimal]:
+    raw = (budget.period_limits or {}).get(period) or {}
+    return {k: Decimal(str(v)) for k, v in raw.items() if v is not None}
+
+
+def budget_cap_extension_ask(
+    *,
+    run: Run,
+    reason: StopReason,
+    usage: BudgetVector,
+    limits: BudgetLimits,
+    reserve_output_tokens: int = 0,
+    estimated_input_tokens: int = 0,
+    call_cost: Decimal = Decimal(0),
+) -> ExtensionAsk | None:
+    """For a call refused by one of the run's caps in ask mode: which cap, and by
+    how much to raise it (the tenant's step or the cap again, at least enough)."""
+    if reason not in BUDGET_STOP_REASONS:
+        return None
+    cap, used, wanted = _refused_cap(
+        reason, usage, limits, reserve_output_tokens, estimated_input_tokens, call_cost
+    )
+    current = getattr(limits, cap)
+    if current is None:
+        return None
+    budget = _asks(run)
+    if budget is None:
+        return None
+    current = Decimal(str(current))
+    shortfall = used + wanted - current
+    if cap == "max_wall_seconds":  # the deadline is reached at the cap itself
+        shortfall = used - current + 1
+    amount = max(_extension_step(budget, cap, current), shortfall, Decimal(0))
+    if cap in _INTEGER_STEPS:
+        amount = amount.to_integral_value(rounding=ROUND_CEILING)
+    detail = f"the run's {cap} is {_number(current)}; {_number(used)} is used"
+    if wanted:
+        detail += f" and this needs {_number(wanted)}"
+    return ExtensionAsk(
+        scope="run_cap",
+        dimension=str(reason),
+        name=cap,
+        amount=amount,
+        limit=current,
+        used=used,
+        wanted=wanted,
+        stop_reason=str(reason),
+        detail=detail,
+    )
+
+
+def _refused_cap(
+    reason: StopReason,
+    usage: BudgetVector,
+    limits: BudgetLimits,
+    reserve_output_tokens: int,
+    estimated_input_tokens: int,
+    call_cost: Decimal,
+) -> tuple[str, Decimal, Decimal]:
+    """The exact cap behind an engine stop reason (max_tokens names two)."""
+    if reason is StopReason.DEADLINE:
+        wall = Decimal(str(round(usage.wall_seconds, 3)))
+        return "max_wall_seconds", wall, Decimal(0)
+    if reason is StopReason.MAX_STEPS:
+        return "max_steps", Decimal(usage.steps), Decimal(1)
+    if reason is StopReason.MAX_TOOL_CALLS:
+        return "max_tool_calls", Decimal(usage.tool_calls), Decimal(1)
+    if reason is StopReason.MAX_TOKENS:
+        output_cap = limits.max_output_tokens
+        if output_cap is not None and (
+            usage.output_tokens + reserve_output_tokens > output_cap
+        ):
+            return (
+                "max_output_tokens",
+                Decimal(usage.output_tokens),
+                Decimal(reserve_output_tokens),
+            )
+        return (
+            "max_input_tokens",
+            Decimal(usage.input_tokens),
+            Decimal(estimated_input_tokens),
+        )
+    return "max_cost", usage.cost, call_cost
+
+
+def budget_grant_create(*, run: Run, ask: dict[str, Any]) -> BudgetGrant:
+    """Grant an approved extension of a period limit to this run, in the bucket
+    its reservation was refused in (added to an earlier grant there)."""
+    return budget_grant_add(
+        tenant_id=run.tenant_id,
+        run_id=run.pk,
+        period=ask["period"],
+        bucket_start=dt.datetime.fromisoformat(ask["bucket_start"]),
+        dimension=ask["name"],
+        amount=Decimal(str(ask["amount"])),
+    )
+
+
+def limits_with_extensions(
+    limits: BudgetLimits, extensions: dict[str, Any] | None
+) -> BudgetLimits:
+    """The run's caps raised by its approved extensions (an uncapped one stays so)."""
+    if not extensions:
+        return limits
+    raised = limits.to_dict()
+    for cap, extra in extensions.items():
+        current = raised.get(cap)
+        if current is None:
+            continue
+        total = Decimal(str(current)) + Decimal(str(extra))
+        if cap in _INTEGER_STEPS:
+            raised[cap] = int(total)
+        elif cap == "max_wall_seconds":
+            raised[cap] = float(total)
+        else:
+            raised[cap] = str(total)
+    return BudgetLimits.from_dict(raised)
+
+
+def budget_run_cap_refused_event(*, run: Run, ask: ExtensionAsk) -> None:
+    """The escalation signal for a run cap in ask mode (stop mode writes it when
+    the run ends): `budget.exhausted` with `action: ask`."""
+    _event(
+        run,
+        "budget.exhausted",
+        {"dimension": ask.dimension, "detail": ask.detail, "kind": "run_cap",
+         "action": "ask"},
+    )  # fmt: skip

@@ -92,6 +92,7 @@ class AuditEvent(models.Model):
 from controlplane.budget_models import (  # noqa: E402
     Budget,
     BudgetCounter,
+    BudgetGrant,
     BudgetLedgerEntry,
     ModelPriceEntry,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "AuditEvent",
     "Budget",
     "BudgetCounter",
+    "BudgetGrant",
     "BudgetLedgerEntry",
     "Membership",
     "ModelPriceEntry",

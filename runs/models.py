@@ -78,6 +78,9 @@ class Run(models.Model):
     stop_reason = models.CharField(max_length=32, blank=True)
     stop_detail = models.TextField(blank=True)
     limits = models.JSONField(default=dict)
+    # Run caps raised by approved budget extensions ({"max_cost": "1.5"}), added
+    # on top of the caps above after the tenant's ceiling has lowered them.
+    limit_extensions = models.JSONField(default=dict, blank=True)
     steps = models.PositiveIntegerField(default=0)
     tool_calls = models.PositiveIntegerField(default=0)
     input_tokens = models.PositiveBigIntegerField(default=0)

@@ -81,13 +81,21 @@ def model_adapter_for(agent: Agent, *, replies_consumed: int) -> ModelAdapter:
 
 
 def runtime_for(run: Run, *, replies_consumed: int) -> RunRuntime:
-    from controlplane.budget_services import model_price_for, tenant_run_ceiling
+    from controlplane.budget_services import (
+        limits_with_extensions,
+        model_price_for,
+        tenant_run_ceiling,
+    )
 
     agent = run.agent
     price = model_price_for(model=agent.model, tenant_id=run.tenant_id)
-    # A ceiling lowered mid-run applies from the next step on.
-    limits = min_limits(
-        BudgetLimits.from_dict(run.limits), tenant_run_ceiling(run.tenant_id)
+    # A ceiling lowered mid-run applies from the next step on; approved budget
+    # extensions raise the caps from there.
+    limits = limits_with_extensions(
+        min_limits(
+            BudgetLimits.from_dict(run.limits), tenant_run_ceiling(run.tenant_id)
+        ),
+        run.limit_extensions,
     )
     return RunRuntime(
         config=AgentConfig(

@@ -10,10 +10,11 @@ import pytest
 from django.utils import timezone
 
 from controlplane.budget_ledger import window_totals
-from controlplane.budget_models import BudgetCounter, BudgetLedgerEntry
+from controlplane.budget_models import BudgetLedgerEntry
 from controlplane.budget_services import budget_update
 from runs.models import Run, Step, ToolCall
 from runs.services import recover_stalled_runs, run_advance, run_cancel, run_start
+from tests.budgets.conftest import counter_sums
 from tracing.models import RunEvent
 
 LOOKUPS = [
@@ -73,7 +74,7 @@ def test_each_call_is_reserved_then_settled_with_its_recorded_usage(
     assert entries.filter(kind="model_call", status="settled").count() == 4
     assert entries.filter(kind="tool_call", status="settled").count() == 3
     assert not entries.filter(status="reserved").exists()
-    day = BudgetCounter.objects.get(tenant=tenant, period="day")
+    day = counter_sums("day", tenant=tenant)
     assert day.used_cost == Decimal("1.58")
     assert day.reserved_cost == 0
     assert (day.used_input_tokens, day.used_output_tokens) == (40, 20)
@@ -109,7 +110,7 @@ def test_tool_call_over_the_limit_is_refused_and_its_handler_never_runs(
     assert call.status == ToolCall.Status.CANCELLED and call.result is None
     assert not BudgetLedgerEntry.objects.filter(kind="tool_call").exists()
     assert events(run, "budget.exhausted")[0].payload["tool"] == "paid_lookup"
-    day = BudgetCounter.objects.get(period="day")
+    day = counter_sums("day")
     assert (day.used_cost, day.reserved_cost) == (Decimal("0.02"), 0)
 
 
@@ -186,13 +187,13 @@ def test_crash_between_reserve_and_settle_is_released_by_recovery(
         step_once(run)
     open_entry = BudgetLedgerEntry.objects.get(kind="tool_call")
     assert open_entry.status == "reserved"
-    assert BudgetCounter.objects.get(period="day").reserved_cost == Decimal("0.5")
+    assert counter_sums("day").reserved_cost == Decimal("0.5")
     long_ago = timezone.now() - dt.timedelta(hours=1)
     Run.objects.filter(id=run.id).update(updated_at=long_ago, lease_expires_at=long_ago)
     assert recover_stalled_runs() == 1
     open_entry.refresh_from_db()
     assert open_entry.status == "released"
-    day = BudgetCounter.objects.get(period="day")
+    day = counter_sums("day")
     assert (day.reserved_cost, day.used_cost) == (0, Decimal("0.02"))
     assert paid_tool == []
 
@@ -270,7 +271,7 @@ def test_unknown_price_refuses_a_cost_capped_run_unless_the_tenant_allows_it(
     budget.save()
     run = drive_run(start(tenant))
     assert run.status == Run.Status.UNVERIFIED
-    day = BudgetCounter.objects.get(period="day")
+    day = counter_sums("day")
     assert (day.used_input_tokens, day.used_cost) == (10, 0)  # tokens still count
 
 

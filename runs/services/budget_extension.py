@@ -1,0 +1,96 @@
+"""What a decided budget-extension approval does to its waiting run.
+
+Approve: a run cap grows here (a period limit grows by a grant in the budget
+ledger) and the run resumes at the refused reservation. Deny or expiry: the run
+ends `budget_exhausted` with the refused dimension, as it would have without
+asking. Either way the run was waiting, so no worker holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.budget_ledger import BudgetRefusal
+from controlplane.budget_services import budget_run_ended, stop_reason_for
+from runs.engine.loop import EngineState
+from runs.engine.step import close_open_calls
+from runs.engine.stop import StopReason, terminal_status
+from runs.models import Run, ToolCall
+from runs.services.lifecycle import counters_from_state, run_finish_fields
+
+logger = logging.getLogger(__name__)
+
+
+@transaction.atomic
+def run_cap_extend(*, run_id: Any, cap: str, amount: Decimal) -> dict[str, str]:
+    """Raise one of the run's caps by `amount`; returns its extensions so far."""
+    run = Run.objects.select_for_update().get(id=run_id)
+    extensions = dict(run.limit_extensions or {})
+    extensions[cap] = str(Decimal(str(extensions.get(cap, "0"))) + amount)
+    Run.objects.filter(id=run.id).update(
+        limit_extensions=extensions, version=F("version") + 1
+    )
+    return extensions
+
+
+@transaction.atomic
+def run_end_budget_exhausted(*, run_id: Any, stop_reason: str, detail: str) -> bool:
+    """End a run waiting for a budget extension that was denied or expired.
+
+    `stop_reason` is the refused dimension: a tenant one (tenant_cost_per_day) or
+    an engine cap reason (max_cost). False when the run was no longer waiting.
+    """
+    run = (
+        Run.objects.select_for_update()
+        .filter(id=run_id, status=Run.Status.WAITING_APPROVAL)
+        .first()
+    )
+    if run is None:
+        return False
+    tenant_dimension = stop_reason.startswith("tenant_")
+    reason = (
+        stop_reason_for(BudgetRefusal(stop_reason, detail))
+        if tenant_dimension
+        else StopReason(stop_reason)
+    )
+    state = EngineState.from_dict(run.engine_state)
+    close_open_calls(state.transcript, f"the run stopped ({stop_reason})")
+    ToolCall.objects.filter(
+        run=run,
+        status__in=[ToolCall.Status.PENDING, ToolCall.Status.WAITING_APPROVAL,
+                    ToolCall.Status.APPROVED],
+    ).update(status=ToolCall.Status.CANCELLED, finished_at=timezone.now())  # fmt: skip
+    fields = run_finish_fields(
+        state, reason, str(terminal_status(reason, None)), detail=detail
+    )
+    fields["stop_reason"] = stop_reason  # the exact dimension
+    Run.objects.filter(id=run.id).update(
+        version=F("version") + 1,
+        step_token=None,
+        lease_owner="",
+        lease_expires_at=None,
+        engine_state=state.to_dict(),
+        **counters_from_state(state),
+        **fields,
+    )
+    run.refresh_from_db()
+    # Releases what it still holds and frees its slot; the budget.exhausted event
+    # was written when the reservation was refused.
+    budget_run_ended(run=run, reason=reason, dimension=stop_reason, detail=detail)
+    transaction.on_commit(lambda: _root_end(run))
+    return True
+
+
+def _root_end(run: Run) -> None:
+    from tracing.spans import run_root_end
+
+    try:
+        run_root_end(run)
+    except Exception:  # noqa: BLE001 - tracing never stops a run
+        logger.warning("tracing: root end of run %s", run.id, exc_info=True)
