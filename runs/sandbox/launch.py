@@ -92,12 +92,16 @@ def launcher_argv(
     cgroup2: Path | None,
     tasks: Sequence[str],
     drop_to: tuple[int, int] | None,
+    report_fd: int | None = None,
 ) -> list[str]:
     """The compiled launcher (sandbox_launch.c): it starts the rest of the command
     line inside the run's cgroups, cloned into `cgroup2` and joined to each v1
     `tasks` file, then (as root) drops to `drop_to` (uid, gid) exactly as
-    setpriv_argv() does, before exec."""
+    setpriv_argv() does, before exec. With `report_fd` the child is made the
+    caller's own child and its pid is written there."""
     args = [launcher, "--status", str(status_fd), "--parent", str(parent)]
+    if report_fd is not None:
+        args += ["--report", str(report_fd)]
     if cgroup2 is not None:
         args += ["--cgroup2", str(cgroup2)]
     for path in tasks:

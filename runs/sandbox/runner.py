@@ -14,7 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from . import launch, spare, teardown
 from .capabilities import (
@@ -75,6 +75,58 @@ def run_in_sandbox(
     return _Run(spec, settings, caps, workspace, enforcement).execute()
 
 
+class _Process(Protocol):
+    """What the runner uses of the sandbox's top process (bubblewrap)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class _Adopted:
+    """Bubblewrap made the runner's own child by the launcher (CLONE_PARENT), so
+    the runner is woken by bubblewrap's exit itself. Waited for on a pidfd;
+    Popen-like where the runner needs it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        # The pid cannot be reused before we reap it: it is our child.
+        self.pidfd = os.pidfd_open(pid)
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and timeout is not None:
+            ready = select.poll()
+            ready.register(self.pidfd, select.POLLIN)
+            if not ready.poll(max(0.0, timeout) * 1000):
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+        code = self._reap(0)
+        assert code is not None
+        return code
+
+    def close(self) -> None:
+        os.close(self.pidfd)
+
+    def _reap(self, flags: int) -> int | None:
+        if self.returncode is None:
+            try:
+                info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | flags)
+            except ChildProcessError:  # reaped by someone else: status unknown
+                self.returncode = -1
+                return self.returncode
+            if info is not None:
+                self.returncode = (
+                    info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+                )
+        return self.returncode
+
+
 @dataclass
 class _Files:
     """File descriptors of the run's stdout, stderr and (optional) stdin."""
@@ -111,6 +163,7 @@ class _Run:
         # The compiled launcher that starts the sandbox inside its cgroups; None:
         # the runner moves the starting sandbox in itself (_join_cgroup).
         self.launcher: Path | None = None
+        self.pgid = 0  # the sandbox's process group, once started
 
     def execute(self) -> SandboxResult:
         prepared = self.spare is not None
@@ -215,6 +268,7 @@ class _Run:
         init: InstalledInit,
         status_fd: int,
         go_fd: int | None,
+        report_fd: int | None,
         extra: list[tuple[str, str]],
     ) -> list[str]:
         init_path = init.path
@@ -244,6 +298,7 @@ class _Run:
             rest += launch.launcher_argv(
                 str(self.launcher),
                 status_fd=status_fd,
+                report_fd=report_fd,
                 parent=os.getpid(),
                 cgroup2=self.cgroup.v2_dir,
                 tasks=self.cgroup.tasks_files,
@@ -303,32 +358,52 @@ class _Run:
         # moved it into the cgroups.
         joining = self.cgroup is not None and self.launcher is None
         go_r, go_w = os.pipe() if joining else (-1, -1)
+        # With it, the launcher makes bubblewrap our own child and reports its pid.
+        report_r, report_w = os.pipe() if self.launcher is not None else (-1, -1)
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                self._argv(init, status_w, go_r if joining else None, extra),
+            popen = subprocess.Popen(
+                self._argv(
+                    init,
+                    status_w,
+                    go_r if joining else None,
+                    report_w if report_w >= 0 else None,
+                    extra,
+                ),
                 stdin=files.stdin if files.stdin is not None else subprocess.DEVNULL,
                 stdout=files.out,
                 stderr=files.err,
-                pass_fds=(status_w, go_r) if joining else (status_w,),
+                pass_fds=tuple(fd for fd in (status_w, go_r, report_w) if fd >= 0),
                 close_fds=True,
                 start_new_session=True,
                 env=self._environment(),
                 cwd="/" if self.caps.bwrap_works else str(self.workspace),
             )
         except BaseException:
-            for fd in (status_r, status_w, go_r, go_w):
+            for fd in (status_r, status_w, go_r, go_w, report_r, report_w):
                 if fd >= 0:
                     os.close(fd)
             raise
         os.close(status_w)
+        # The new session's process group: the launcher's (or setpriv's), which
+        # bubblewrap stays in.
+        self.pgid = popen.pid
+        proc: _Process = popen
+        adopted: _Adopted | None = None
         killed_for: str | None = None
         kill_method: str | None = None
         try:
+            if report_r >= 0:
+                os.close(report_w)
+                pid = _read_pid(report_r)
+                if pid is not None:
+                    adopted = _Adopted(pid)
+                    proc = adopted
+                # else: the launcher failed before its clone; its status says why.
             if joining:
                 os.close(go_r)
                 try:
-                    self._join_cgroup(proc, started + limits.wall_seconds)
+                    self._join_cgroup(popen, started + limits.wall_seconds)
                     # EPIPE: bubblewrap failed before the init ran; judged below.
                     with contextlib.suppress(BrokenPipeError):
                         os.write(go_w, b"g")
@@ -350,6 +425,10 @@ class _Run:
             proc.wait(timeout=_REAP_TIMEOUT)
             os.close(status_r)
             raise
+        finally:
+            if adopted is not None:
+                adopted.close()
+                popen.wait()  # the launcher exited right after its report
         init_status = _read_status(status_r)
         if init_status is not None and "launch_error" in init_status:
             # The launcher could not put the sandbox into its cgroups: nothing ran.
@@ -408,9 +487,7 @@ class _Run:
             if time.monotonic() >= deadline:
                 raise SandboxUnavailable(["cgroup"], "sandbox did not start in time")
 
-    def _watch(
-        self, proc: subprocess.Popen[bytes], files: _Files, deadline: float
-    ) -> str | None:
+    def _watch(self, proc: _Process, files: _Files, deadline: float) -> str | None:
         """Wait on a pidfd until exit, wall clock, output cap or the pids limit."""
         cap = 2 * self.spec.limits.output_bytes
         watch_pids = self.settings.kill_on_pids_limit and self.cgroup is not None
@@ -438,7 +515,7 @@ class _Run:
         finally:
             os.close(pidfd)
 
-    def _kill(self, proc: subprocess.Popen[bytes]) -> str:
+    def _kill(self, proc: _Process) -> str:
         """Kill the whole tree; returns the methods used.
 
         First SIGKILL the init (pid 1 of the namespace): the kernel then kills every
@@ -448,9 +525,7 @@ class _Run:
         kill follows as the backstop for anything outside the namespace.
         """
         methods: list[str] = []
-        # The launcher's child is bubblewrap; without the launcher it is proc itself.
-        bwrap_pid = _first_child(proc.pid) if self.launcher is not None else proc.pid
-        init_pid = _first_child(bwrap_pid) if bwrap_pid is not None else None
+        init_pid = _first_child(proc.pid)  # proc is bubblewrap (or setpriv's exec)
         if init_pid is not None:
             try:
                 os.kill(init_pid, signal.SIGKILL)
@@ -464,13 +539,13 @@ class _Run:
                 # Killed before the sandbox had started: the launcher's process
                 # group holds whatever it has spawned so far.
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    os.killpg(self.pgid, signal.SIGKILL)
                     methods.append("killpg")
         else:
             # Without cgroup.kill: SIGKILL bubblewrap; --die-with-parent takes the
             # init and with it every process inside.
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(self.pgid, signal.SIGKILL)
                 methods.append("killpg")
             except ProcessLookupError:
                 pass
@@ -488,7 +563,7 @@ class _Run:
 
     def _result(
         self,
-        proc: subprocess.Popen[bytes],
+        proc: _Process,
         files: _Files,
         init_status: dict[str, Any] | None,
         killed_for: str | None,
@@ -706,6 +781,23 @@ def _process_tree(pid: int) -> list[int]:
         except OSError:
             continue
     return tree
+
+
+def _read_pid(fd: int) -> int | None:
+    """The pid the launcher reports (one line), or None at EOF without one."""
+    data = b""
+    try:
+        while not data.endswith(b"\n"):
+            chunk = os.read(fd, 32)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    try:
+        return int(data)
+    except ValueError:
+        return None
 
 
 def _first_child(pid: int) -> int | None:

@@ -2,8 +2,8 @@
  * The launcher: starts the sandbox's command already inside the run's cgroups,
  * without the runner ever writing a pid into a cgroup.procs.
  *
- *     sandbox_launch --status FD --parent PID [--cgroup2 DIR] [--tasks FILE]...
- *                    [--uid UID --gid GID] -- ARGV...
+ *     sandbox_launch --status FD --parent PID [--report FD] [--cgroup2 DIR]
+ *                    [--tasks FILE]... [--uid UID --gid GID] -- ARGV...
  *
  * Why: moving a whole process (a pid written to cgroup.procs) takes the kernel's
  * global cgroup_threadgroup_rwsem for writing, and the first such write after an
@@ -27,9 +27,15 @@
  * Only then does the child exec ARGV (bubblewrap and the init), so the sandbox
  * and everything it forks are born inside every hierarchy. Any failure is
  * fail-closed: nothing is executed, {"launch_error":"..."} is written on FD and the
- * launcher exits 125. The parent stays as ARGV's parent, waits for it and exits with
- * its status (128 + signal if it was killed); it dies with its own parent PID (the
- * runner), and bubblewrap's --die-with-parent then takes the sandbox with it.
+ * launcher exits 125.
+ *
+ * With --report FD the child is made a child of the runner itself (CLONE_PARENT):
+ * the launcher writes the child's pid on FD and exits 0 at once, so that when the
+ * sandbox ends, the runner is woken by bubblewrap's exit directly instead of by a
+ * launcher waking up and exiting in turn. Without it the launcher stays as ARGV's
+ * parent, waits for it and exits with its status (128 + signal if it was killed).
+ * Either way the launcher dies with its parent PID (the runner), and the child
+ * dies with its parent until bubblewrap's --die-with-parent takes over.
  *
  * Built by init_install.py like sandbox_init.c (`cc -O2 -static -Wall -Werror`).
  */
@@ -157,18 +163,27 @@ static void drop_to(uid_t uid, gid_t gid) {
     }
 }
 
-/* clone3 into `cgroup_fd`; falls back to fork + a cgroup.procs write of the child's
- * own pid (before exec, so still fail-closed, only slower) where clone3 or
+/* A fork-like child (own copy of everything, same stack); with `sibling`, a child
+ * of our parent rather than of us (CLONE_PARENT: it inherits our exit signal). */
+static pid_t fork_child(int sibling) {
+    if (!sibling) {
+        return fork();
+    }
+    return (pid_t)syscall(SYS_clone, CLONE_PARENT, NULL, NULL, NULL, 0);
+}
+
+/* clone3 into `cgroup_fd`; falls back to a fork + a cgroup.procs write of the
+ * child's own pid (before exec, so still fail-closed, only slower) where clone3 or
  * CLONE_INTO_CGROUP is missing. Returns the child's pid in the parent, 0 in the
  * child. */
-static pid_t spawn_into(int cgroup_fd, const char *cgroup_dir) {
+static pid_t spawn_into(int cgroup_fd, const char *cgroup_dir, int sibling) {
     if (cgroup_fd < 0) {
-        return fork();
+        return fork_child(sibling);
     }
     struct clone_args args;
     memset(&args, 0, sizeof(args));
-    args.flags = CLONE_INTO_CGROUP;
-    args.exit_signal = SIGCHLD;
+    args.flags = CLONE_INTO_CGROUP | (sibling ? CLONE_PARENT : 0);
+    args.exit_signal = sibling ? 0 : SIGCHLD; /* CLONE_PARENT: must be 0 */
     args.cgroup = (unsigned long long)cgroup_fd;
     long pid = syscall(SYS_clone3, &args, sizeof(args));
     if (pid >= 0) {
@@ -177,7 +192,7 @@ static pid_t spawn_into(int cgroup_fd, const char *cgroup_dir) {
     if (errno != ENOSYS && errno != EINVAL && errno != E2BIG) {
         fail("clone3 into cgroup2", errno);
     }
-    pid = fork();
+    pid = fork_child(sibling);
     if (pid == 0) {
         char path[4096];
         char own[32];
@@ -197,6 +212,7 @@ int main(int argc, char **argv) {
     int n_tasks = 0;
     const char *cgroup2 = NULL;
     long parent = -1;
+    long report = -1;
     long uid = -1;
     long gid = -1;
     long value;
@@ -214,6 +230,9 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--parent") == 0 &&
                    parse_int(argv[i + 1], &value) == 0) {
             parent = value;
+        } else if (strcmp(argv[i], "--report") == 0 &&
+                   parse_int(argv[i + 1], &value) == 0) {
+            report = value;
         } else if (strcmp(argv[i], "--uid") == 0 &&
                    parse_int(argv[i + 1], &value) == 0) {
             uid = value;
@@ -231,8 +250,8 @@ int main(int argc, char **argv) {
         i++;
     }
     if (i >= argc || i < 2 || strcmp(argv[i - 1], "--") != 0) {
-        fputs("usage: sandbox_launch --status FD --parent PID [--cgroup2 DIR] "
-              "[--tasks FILE]... [--uid UID --gid GID] -- ARGV...\n",
+        fputs("usage: sandbox_launch --status FD --parent PID [--report FD] "
+              "[--cgroup2 DIR] [--tasks FILE]... [--uid UID --gid GID] -- ARGV...\n",
               stderr);
         return 125;
     }
@@ -254,19 +273,23 @@ int main(int argc, char **argv) {
             fail(cgroup2, errno);
         }
     }
-    pid_t child = spawn_into(cgroup_fd, cgroup2);
+    pid_t child = spawn_into(cgroup_fd, cgroup2, report >= 0);
     if (child < 0) {
         fail("fork", errno);
     }
     if (child == 0) {
+        /* Our parent: the launcher, or with --report the runner. */
         pid_t launcher = getppid();
+        if (report >= 0) {
+            close((int)report); /* EOF for the runner if the launcher dies first */
+        }
         for (int t = 0; t < n_tasks; t++) {
             join_tasks(tasks[t]); /* as root, before the drop */
         }
         if (uid >= 0) {
             drop_to((uid_t)uid, (gid_t)gid);
         }
-        /* Die with the launcher too, until bubblewrap's --die-with-parent takes
+        /* Die with that parent too, until bubblewrap's --die-with-parent takes
          * over (set after the drop, which clears it; kept across this exec). */
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
             fail("prctl PDEATHSIG", errno);
@@ -279,6 +302,16 @@ int main(int argc, char **argv) {
     }
     if (cgroup_fd >= 0) {
         close(cgroup_fd);
+    }
+    if (report >= 0) {
+        /* The runner reaps the child itself: report its pid, and go. */
+        char text[32];
+        int len = snprintf(text, sizeof(text), "%d\n", (int)child);
+        if (write((int)report, text, (size_t)len) != len) {
+            kill(child, SIGKILL); /* the runner would not know what to wait for */
+            return 125;
+        }
+        return 0;
     }
     /* Only the sandbox's init may still hold the status pipe: the runner reads it
      * to EOF once everything has exited. */
