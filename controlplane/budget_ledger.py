@@ -862,16 +862,16 @@ def window_usage(
         .annotate(used=Sum("used"), reserved=Sum("reserved"))
     )
     extra = {row["dimension"]: row for row in granted}
-    usage = {}
+    usage: dict[str, dict[str, str]] = {}
     for name in PERIOD_DIMENSIONS:
-        grant = extra.get(name, {})
-        usage[name] = {
-            state: str(
-                Decimal(str(sums[f"{state}_{name}"] or 0))
-                + Decimal(str(grant.get(state) or 0))
-            )
-            for state in ("used", "reserved")
-        }
+        usage[name] = {}
+        for state in ("used", "reserved"):
+            counted = sums[f"{state}_{name}"] or 0
+            granted_here = extra.get(name, {}).get(state)
+            if granted_here:
+                total = Decimal(str(counted)) + granted_here
+                counted = total.quantize(_MICRO) if name == "cost" else int(total)
+            usage[name][state] = str(counted)
     return usage
 
 

@@ -100,6 +100,20 @@ def test_a_non_admin_edit_is_forbidden_and_changes_nothing(
         ({"period_mode": "weekly"}, "period_mode"),
         ({"allow_unknown_price": "yes"}, "allow_unknown_price"),
         ({"colour": "red"}, "colour"),
+        ({"on_exhausted": "maybe"}, "on_exhausted"),
+        ({"on_exhausted": None}, "on_exhausted"),
+        ({"extend_by": "lots"}, "extend_by"),
+        ({"extend_by": {"runs": 1}}, "extend_by.runs"),
+        ({"extend_by": {"tokens": 1}}, "extend_by.tokens"),
+        ({"extend_by": {"cost": -1}}, "extend_by.cost"),
+        ({"extend_by": {"cost": 0}}, "extend_by.cost"),
+        ({"extend_by": {"cost": "Infinity"}}, "extend_by.cost"),
+        ({"extend_by": {"max_steps": 1.5}}, "extend_by.max_steps"),
+        ({"extend_by": {"max_cost": True}}, "extend_by.max_cost"),
+        (
+            {"on_exhausted": "ask", "extend_by": {"output_tokens": "many"}},
+            "extend_by.output_tokens",
+        ),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field_and_changes_nothing(
@@ -112,8 +126,44 @@ def test_bad_input_is_a_400_naming_the_field_and_changes_nothing(
     error = response.json()["error"]
     assert error["code"] == "invalid"
     assert list(error["fields"]) == [field]
-    assert Budget.objects.get(tenant=tenant).period_limits == {"day": {"cost": "3"}}
+    budget = Budget.objects.get(tenant=tenant)
+    assert budget.period_limits == {"day": {"cost": "3"}}
+    assert (budget.on_exhausted, budget.extend_by) == ("stop", {})
     assert AuditEvent.objects.filter(action="budget.update").count() == 1
+
+
+def test_ask_mode_and_extension_steps_are_set_shown_and_audited(
+    tenant, admin_user, viewer_user, api_client_for
+):
+    body = api_client_for(viewer_user, tenant).get(URL).json()
+    assert body["on_exhausted"] == "stop"
+    assert body["extend_by"]["cost"] is None and body["extend_by"]["max_steps"] is None
+    assert "runs" not in body["extend_by"]  # runs per period are counted at start
+    edit = {"on_exhausted": "ask", "extend_by": {"cost": "2.50", "max_steps": 5}}
+    response = api_client_for(admin_user, tenant).put(URL, edit, format="json")
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert body["on_exhausted"] == "ask"
+    assert body["extend_by"]["cost"] == "2.50" and body["extend_by"]["max_steps"] == 5
+    assert body["extend_by"]["output_tokens"] is None  # the limit again
+    [event] = AuditEvent.objects.filter(action="budget.update")
+    assert (event.before["on_exhausted"], event.after["on_exhausted"]) == (
+        "stop",
+        "ask",
+    )
+    assert event.after["extend_by"]["cost"] == "2.50"
+    # null keeps the default; the whole map is replaced by each edit.
+    edit = {"extend_by": {"cost": None, "max_tool_calls": 3}}
+    body = api_client_for(admin_user, tenant).put(URL, edit, format="json").json()
+    assert body["extend_by"]["cost"] is None and body["extend_by"]["max_steps"] is None
+    assert body["extend_by"]["max_tool_calls"] == 3 and body["on_exhausted"] == "ask"
+
+
+def test_a_non_admin_cannot_switch_to_ask_mode(tenant, operator_user, api_client_for):
+    edit = {"on_exhausted": "ask"}
+    response = api_client_for(operator_user, tenant).put(URL, edit, format="json")
+    assert response.status_code == 403
+    assert not Budget.objects.filter(tenant=tenant, on_exhausted="ask").exists()
 
 
 def test_a_run_cap_above_an_existing_period_limit_is_refused(

@@ -344,3 +344,36 @@ def test_operator_cancels_a_waiting_run_from_its_page(
         0
     )
     assert Run.objects.get(id=run.id).status == Run.Status.CANCELLED
+
+
+def test_inbox_shows_a_budget_extension_and_approving_it_resumes_the_run(
+    shop: Any, operator_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    from controlplane.budget_models import Budget, BudgetGrant
+
+    Budget.objects.create(
+        tenant=shop,
+        period_limits={"day": {"output_tokens": 1}},
+        on_exhausted="ask",
+        extend_by={"output_tokens": 2048},
+    )
+    run = waiting_run(shop, operator_user)  # refused at its first model call
+    assert pending_of(run).kind == "budget_extension"
+    page = open_page(operator_user, "/approvals/")
+    item = page.locator("#inbox li")
+    expect(item).to_have_count(1)
+    expect(item).to_have_attribute("data-kind", "budget_extension")
+    expect(item.locator("code.tool")).to_have_text(
+        "extend tenant_output_tokens_per_day by 2048"
+    )
+    expect(item.locator("pre.args")).to_contain_text("deny: the run ends")
+    item.get_by_role(
+        "button", name="Approve extend tenant_output_tokens_per_day by 2048"
+    ).click()
+    # The run resumes at the refused call and goes on to the demo's tool gate.
+    expect(item).to_have_count(1)
+    expect(item.locator("code.tool")).to_have_text("create_replacement")
+    assert BudgetGrant.objects.get(run_id=run.id).amount == 2048
+    assert ApprovalRequest.objects.get(run=run, kind="budget_extension").status == (
+        "approved"
+    )

@@ -2,7 +2,7 @@
 // decide from the list with the mouse or the keyboard (j/k, a, d, Enter).
 
 import { api, ApiError, rowsOf } from "./api.js";
-import { el, pretty, timeLeft, when } from "./format.js";
+import { approvalDetails, approvalLabel, el, timeLeft, when } from "./format.js";
 import { Stream, throttle } from "./stream.js";
 import { askDenyReason } from "./deny_dialog.js";
 
@@ -45,21 +45,23 @@ function render() {
   const badge = document.getElementById("nav-pending");
   if (badge) { badge.hidden = !items.length; badge.textContent = String(items.length); }
   list.replaceChildren(...items.map((a, i) => {
-    const li = el("li", { class: `inbox-item${i === active ? " active" : ""}`, tabindex: i === active ? "0" : "-1", "data-approval": a.id,
-      "aria-label": `${a.tool} in run ${a.run.slice(0, 8)}, requested ${when(a.requested_at)}, ${timeLeft(a.expires_at)}` },
+    const label = approvalLabel(a);
+    const budget = a.kind === "budget_extension";
+    const li = el("li", { class: `inbox-item${i === active ? " active" : ""}${budget ? " budget-extension" : ""}`, tabindex: i === active ? "0" : "-1", "data-approval": a.id, "data-kind": a.kind,
+      "aria-label": `${label} in run ${a.run.slice(0, 8)}, requested ${when(a.requested_at)}, ${timeLeft(a.expires_at)}` },
       el("div", { class: "inbox-head" },
         el("span", { class: "status s-waiting_approval" }, el("span", { "aria-hidden": "true", text: "‖" }), " pending"),
-        el("code", { class: "tool", text: a.tool }),
-        el("a", { href: `/runs/${a.run}/#call=${encodeURIComponent(a.tool_call_id)}`, text: `run ${a.run.slice(0, 8)} → trace` }),
+        el("code", { class: "tool", text: label }),
+        el("a", { href: budget ? `/runs/${a.run}/` : `/runs/${a.run}/#call=${encodeURIComponent(a.tool_call_id)}`, text: `run ${a.run.slice(0, 8)} → trace` }),
         el("span", { class: "muted small", text: `requested ${when(a.requested_at)}` }),
         el("span", { class: "left", "data-expires": a.expires_at, text: timeLeft(a.expires_at) })),
-      el("p", { class: "rule", text: `Rule: ${a.rule_reason || a.rule || "–"}${a.approvals_required > 1 ? ` · needs ${a.approvals_required} approvals (${(a.decisions || []).length} so far)` : ""}` }),
-      el("pre", { class: "args", text: pretty(a.args) }),
+      el("p", { class: "rule", text: budget ? "Budget exhausted: the tenant asks before extending it" : `Rule: ${a.rule_reason || a.rule || "–"}${a.approvals_required > 1 ? ` · needs ${a.approvals_required} approvals (${(a.decisions || []).length} so far)` : ""}` }),
+      el("pre", { class: "args", text: approvalDetails(a) }),
     );
     if (canDecide) {
       li.append(el("div", { class: "buttons" },
-        el("button", { type: "button", class: "approve", "aria-label": `Approve ${a.tool}`, "aria-keyshortcuts": "a", text: "✓ Approve", onclick: () => decide(i, "approve") }),
-        el("button", { type: "button", class: "deny", "aria-label": `Deny ${a.tool}`, "aria-keyshortcuts": "d", text: "✕ Deny", onclick: () => decide(i, "deny") })));
+        el("button", { type: "button", class: "approve", "aria-label": `Approve ${label}`, "aria-keyshortcuts": "a", text: "✓ Approve", onclick: () => decide(i, "approve") }),
+        el("button", { type: "button", class: "deny", "aria-label": `Deny ${label}`, "aria-keyshortcuts": "d", text: "✕ Deny", onclick: () => decide(i, "deny") })));
     }
     li.addEventListener("focus", () => { active = i; markActive(); });
     return li;
@@ -81,13 +83,13 @@ async function decide(index, verb) {
   if (!approval || busy.has(approval.id)) return;
   let reason = "";
   if (verb === "deny") {
-    reason = await askDenyReason(approval.tool);
+    reason = await askDenyReason(approvalLabel(approval));
     if (reason === null) { focusActive(); return; }
   }
   busy.add(approval.id);
   try {
     const decided = await api(`/api/v1/approvals/${approval.id}/decide/`, { method: "POST", body: { decision: verb, reason } });
-    message(`${decided.status === "pending" ? "Recorded your approval of" : verb === "approve" ? "Approved" : "Denied"} ${decided.tool}.`, "notice");
+    message(`${decided.status === "pending" ? "Recorded your approval of" : verb === "approve" ? "Approved" : "Denied"} ${approvalLabel(decided)}.`, "notice");
   } catch (error) {
     if (error instanceof ApiError && error.status === 409) {
       const current = error.body?.error?.approval;

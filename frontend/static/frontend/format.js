@@ -99,6 +99,21 @@ export function pretty(value) {
   return JSON.stringify(value, null, 2);
 }
 
+// What an approval decides, in a few words: the tool, or "extend <dimension> by X"
+// for a budget extension (a refused reservation the tenant asked to be asked about).
+export function approvalLabel(approval) {
+  return approval.kind === "budget_extension" ? approval.summary : approval.tool;
+}
+
+// The facts a decider needs: the tool's arguments, or the extension's numbers.
+export function approvalDetails(approval) {
+  if (approval.kind !== "budget_extension" || !approval.extension) return pretty(approval.args);
+  const x = approval.extension;
+  return `${x.detail}\nlimit ${x.limit} · used or reserved ${x.used} · this call needs ${x.wanted}` +
+    `\napprove: ${x.scope === "period" ? `this run may spend ${x.amount} more ${x.name} per ${x.period}` : `the run's ${x.name} becomes ${Number(x.limit) + Number(x.amount)}`}` +
+    `\ndeny: the run ends budget_exhausted (${x.stop_reason})`;
+}
+
 // Show the connection state in the header: live, reconnecting or polling.
 export function showConnection(state, detail = "") {
   const node = document.getElementById("conn");

@@ -2,7 +2,7 @@
 // approval controls on the pending call's node.
 
 import { api, ApiError, rowsOf } from "./api.js";
-import { duration, el, money, pretty, since, statusBadge, timeLeft, tokens, TERMINAL_RUN, when } from "./format.js";
+import { approvalDetails, approvalLabel, duration, el, money, pretty, since, statusBadge, timeLeft, tokens, TERMINAL_RUN, when } from "./format.js";
 import { Stream, throttle } from "./stream.js";
 import { TraceModel } from "./trace_model.js";
 import { TreeView } from "./tree_view.js";
@@ -75,17 +75,17 @@ function renderBanner() {
   banner.replaceChildren(...pending.map((approval) => {
     const node = approvalNode(approval);
     const item = el("div", { class: "approval-card", "data-approval": approval.id },
-      el("strong", {}, "‖ Waiting for approval: ", el("code", { text: approval.tool })),
+      el("strong", {}, "‖ Waiting for approval: ", el("code", { text: approvalLabel(approval) })),
       el("span", { class: "rule", text: `rule: ${approval.rule_reason || approval.rule || "–"}` }),
       el("span", { class: "left", "data-expires": approval.expires_at, text: timeLeft(approval.expires_at) }),
-      el("pre", { class: "args", text: pretty(approval.args) }),
+      el("pre", { class: "args", text: approvalDetails(approval) }),
     );
     if (node) item.append(el("button", { type: "button", class: "link", text: "Show in trace", onclick: () => view.select(node.id) }));
     else if (canDecide) {
       // The call's node is not in the loaded tree: decide from here.
       item.append(
-        el("button", { type: "button", class: "approve", "data-approval": approval.id, "aria-label": `Approve ${approval.tool}`, text: "✓ Approve", onclick: (e) => decide(approval.id, "approve", e.target) }),
-        el("button", { type: "button", class: "deny", "data-approval": approval.id, "aria-label": `Deny ${approval.tool}`, text: "✕ Deny", onclick: (e) => decide(approval.id, "deny", e.target) }),
+        el("button", { type: "button", class: "approve", "data-approval": approval.id, "aria-label": `Approve ${approvalLabel(approval)}`, text: "✓ Approve", onclick: (e) => decide(approval.id, "approve", e.target) }),
+        el("button", { type: "button", class: "deny", "data-approval": approval.id, "aria-label": `Deny ${approvalLabel(approval)}`, text: "✕ Deny", onclick: (e) => decide(approval.id, "deny", e.target) }),
       );
     }
     return item;
@@ -104,14 +104,14 @@ async function decide(approvalId, verb, button) {
   if (!approval) return;
   let reason = "";
   if (verb === "deny") {
-    reason = await askDenyReason(approval.tool);
+    reason = await askDenyReason(approvalLabel(approval));
     if (reason === null) return;
   }
   if (button) button.disabled = true;
   try {
     const decided = await api(`/api/v1/approvals/${approvalId}/decide/`, { method: "POST", body: { decision: verb, reason } });
     approvals.set(decided.id, decided);
-    flash(`${verb === "approve" ? "Approved" : "Denied"} ${decided.tool}.`, "notice");
+    flash(`${verb === "approve" ? "Approved" : "Denied"} ${approvalLabel(decided)}.`, "notice");
   } catch (error) {
     if (error instanceof ApiError && error.status === 409) {
       const current = error.body?.error?.approval;
