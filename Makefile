@@ -36,4 +36,4 @@ bench: install-dev
 	$(PY) -m bench
 
 clean:
-	rm -rf .run db.sqlite3 db.sqlite3-wal db.sqlite3-shm
+	rm -rf .run db.sqlite3 db.sqlite3-wal db.sqlite3-shm db.sqlite3-writer.lock

@@ -109,7 +109,10 @@ def _database(url: str) -> dict[str, Any]:
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # Web, worker and beat share one file: WAL and immediate transactions turn
         # writer contention into short waits instead of "database is locked".
-        config["CONN_MAX_AGE"] = 0
+        # Connections persist like PostgreSQL's: opening one (pragmas, Django's
+        # SQL functions) cost a step more than its writes. Writers queue on a
+        # file lock rather than SQLite's sleep-and-retry (controlplane/db).
+        config["ENGINE"] = "controlplane.db"
         config["OPTIONS"] = {
             "timeout": 30,
             "transaction_mode": "IMMEDIATE",

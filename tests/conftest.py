@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from controlplane.celery import app as celery_app
 from controlplane.embedded_redis import EmbeddedRedis
@@ -52,7 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def database_url_for_subprocess() -> str:
     """The URL of the test database, for worker processes the tests start."""
     db = settings.DATABASES["default"]
-    if db["ENGINE"].endswith("sqlite3"):
+    if connection.vendor == "sqlite":
         return f"sqlite:///{db['NAME']}"
     user = db.get("USER") or ""
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""

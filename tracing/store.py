@@ -11,14 +11,15 @@ import os
 import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from controlplane.transactions import recoverable_transaction
 from runs.models import Run
 from tracing.models import RunEvent, Span, SpanPayload
 from tracing.redaction import redact, redact_attributes
@@ -188,21 +189,10 @@ def span_event_payload(span: Span) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def telemetry_transaction() -> Iterator[None]:
-    """A transaction for span rows and their events.
-
-    When it is the outermost transaction on PostgreSQL, its commit does not wait
-    for the WAL flush (`synchronous_commit = off` for this transaction only): a
-    database crash may lose the last few spans, never a run's state, which is
-    always written in transactions of its own with the server's durability.
-    """
-    outermost = not connection.in_atomic_block
-    with transaction.atomic():
-        if outermost and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit = off")
-        yield
+def telemetry_transaction() -> contextlib.AbstractContextManager[None]:
+    """A transaction for span rows and their events: recoverable (a database crash
+    may lose the last few spans, never a run's state that came after them)."""
+    return recoverable_transaction()
 
 
 def _worker_name() -> str:

@@ -33,6 +33,7 @@ from controlplane.budget_services import (
     budget_run_ended,
     stop_reason_for,
 )
+from controlplane.transactions import recoverable_transaction
 from runs.engine.actions import (
     FinalAnswer,
     InvalidReply,
@@ -259,7 +260,7 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
     )
     action = record_reply(state.transcript, reply)
     rows: list[ToolCallRow] = []
-    with transaction.atomic():
+    with recoverable_transaction():  # lost in a database crash: the step re-runs
         step = Step.objects.create(
             run=ctx.run,
             index=ctx.run.steps,
@@ -462,7 +463,7 @@ def _note_on_observation(
     row.refresh_from_db()
     observation = dict(row.observation or {})
     observation["content"] = content
-    with transaction.atomic():
+    with recoverable_transaction():
         ToolCallRow.objects.filter(id=row.id).update(observation=observation)
         ctx.checkpoint()
 
@@ -559,31 +560,33 @@ def _record(
     )
     # A final row keeps its result: a replay writes the same, and a worker that
     # lost the lease meanwhile must not overwrite what the new holder decided.
-    ToolCallRow.objects.filter(id=row.id).exclude(
-        status__in=FINAL_CALL_STATUSES
-    ).update(
-        status=status,
-        result=result.to_dict(),
-        observation={
-            "content": observation.content,
-            "truncated": observation.truncated,
-            "full_size_bytes": observation.full_size_bytes,
-            "sha256": observation.sha256,
-            "trust": observation.trust,
-        },
-        artifact=None
-        if artifact is None
-        else {
-            "sha256": artifact.sha256,
-            "size_bytes": artifact.size_bytes,
-            "media_type": artifact.media_type,
-            "content": artifact.content.decode("utf-8", "replace"),
-        },
-        sandbox_result=sandbox,
-        attempts=row.attempts,
-        started_at=row.started_at,
-        finished_at=timezone.now(),
-    )
+    # Recoverable: without it the call is re-run if read-only, else `unknown`.
+    with recoverable_transaction():
+        ToolCallRow.objects.filter(id=row.id).exclude(
+            status__in=FINAL_CALL_STATUSES
+        ).update(
+            status=status,
+            result=result.to_dict(),
+            observation={
+                "content": observation.content,
+                "truncated": observation.truncated,
+                "full_size_bytes": observation.full_size_bytes,
+                "sha256": observation.sha256,
+                "trust": observation.trust,
+            },
+            artifact=None
+            if artifact is None
+            else {
+                "sha256": artifact.sha256,
+                "size_bytes": artifact.size_bytes,
+                "media_type": artifact.media_type,
+                "content": artifact.content.decode("utf-8", "replace"),
+            },
+            sandbox_result=sandbox,
+            attempts=row.attempts,
+            started_at=row.started_at,
+            finished_at=timezone.now(),
+        )
     row.status = status
     row.result = result.to_dict()
 
@@ -680,7 +683,7 @@ def _finish_budget_refused(ctx: StepContext, refusal: BudgetRefusal) -> None:
 def _continue(ctx: StepContext, spans: ExitStack) -> None:
     """Release the lease and enqueue the next step in one commit, which also
     stores the step's last span records (before the next step's can start)."""
-    with transaction.atomic():
+    with recoverable_transaction():  # lost: recovery enqueues the step again
         ctx.checkpoint(lease_owner="", lease_expires_at=None, step_token=uuid.uuid4())
         spans.close()
         step_dispatch_on_commit(ctx.run)

@@ -21,6 +21,7 @@ from controlplane.budget_services import (
 )
 from controlplane.models import Tenant
 from controlplane.services import audit_record
+from controlplane.transactions import recoverable_transaction
 from runs.engine.loop import AgentConfig, EngineState
 from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason
@@ -162,7 +163,8 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     }
     if run.started_at is None:
         changes["started_at"] = now
-    won = Run.objects.filter(id=run.id, version=run.version).update(**changes)
+    with recoverable_transaction():  # lost in a database crash: taken again
+        won = Run.objects.filter(id=run.id, version=run.version).update(**changes)
     if not won:
         return None
     taken_over = bool(run.lease_owner)

@@ -1,0 +1,1 @@
+"""SQLite database backend with a writer queue (see base.py)."""
