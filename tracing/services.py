@@ -11,10 +11,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from controlplane.rows import rows_insert
 from runs.models import Run
 from tracing.broadcast import broadcaster
 from tracing.models import RunEvent
-from tracing.rows import rows_insert
 
 __all__ = [
     "SeqConflict",

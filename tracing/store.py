@@ -19,11 +19,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.rows import row_update, rows_insert
 from controlplane.transactions import recoverable_transaction
 from runs.models import Run
 from tracing.models import RunEvent, Span, SpanPayload
 from tracing.redaction import redact, redact_attributes
-from tracing.rows import row_update, rows_insert
 from tracing.services import run_event_append, run_events_append
 
 __all__ = [
@@ -233,14 +233,24 @@ def spans_store(writes: list[SpanWrite]) -> None:
     """
     if not writes:
         return
+    # Everything that needs no database happens before the transaction: on
+    # SQLite it holds the one write lock every worker waits for.
+    pending: dict[tuple[Any, str], SpanPayload] = {}
+    prepared = [
+        (write, *_split_payloads(
+            write.tenant_id, write.record.attributes, write.handle.memo, pending
+        ))
+        for write in writes
+    ]  # fmt: skip
+    ends = {id(w.handle): w for w, _, _ in prepared if w.ended}
+    new_rows: dict[int, Span] = {}  # by handle
+    for write, attributes, payloads in prepared:
+        if write.ended or write.handle.pk is not None:
+            continue
+        end = ends.get(id(write.handle))
+        record = end.record if end is not None else write.record
+        new_rows[id(write.handle)] = _leased_row(write, record, attributes, payloads)
     with telemetry_transaction():
-        pending: dict[tuple[Any, str], SpanPayload] = {}
-        prepared = [
-            (write, *_split_payloads(
-                write.tenant_id, write.record.attributes, write.handle.memo, pending
-            ))
-            for write in writes
-        ]  # fmt: skip
         if pending:
             rows_insert(
                 SpanPayload,
@@ -250,16 +260,6 @@ def spans_store(writes: list[SpanWrite]) -> None:
                 returning=False,
                 ignore_conflicts=True,
             )  # fmt: skip
-        ends = {id(w.handle): w for w, _, _ in prepared if w.ended}
-        new_rows: dict[int, Span] = {}  # by handle
-        for write, attributes, payloads in prepared:
-            if write.ended or write.handle.pk is not None:
-                continue
-            end = ends.get(id(write.handle))
-            record = end.record if end is not None else write.record
-            new_rows[id(write.handle)] = _leased_row(
-                write, record, attributes, payloads
-            )
         if new_rows:
             pks = rows_insert(
                 Span,

@@ -33,6 +33,7 @@ from controlplane.budget_services import (
     budget_run_ended,
     stop_reason_for,
 )
+from controlplane.rows import instances_insert
 from controlplane.transactions import recoverable_transaction
 from runs.engine.actions import (
     FinalAnswer,
@@ -259,27 +260,27 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
         state.usage, usage.input_tokens, usage.output_tokens, runtime.config.price
     )
     action = record_reply(state.transcript, reply)
+    step = Step(
+        run=ctx.run,
+        index=ctx.run.steps,
+        provider=reply.provider,
+        provider_request_id=reply.provider_request_id or "",
+        model=reply.model,
+        finish_reason=reply.finish_reason,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost=runtime.config.price.cost(usage.input_tokens, usage.output_tokens),
+        reply=reply.to_dict(),
+        action=_action_record(action),
+        started_at=started_at,
+        finished_at=timezone.now(),
+    )
     rows: list[ToolCallRow] = []
-    with recoverable_transaction():  # lost in a database crash: the step re-runs
-        step = Step.objects.create(
-            run=ctx.run,
-            index=ctx.run.steps,
-            provider=reply.provider,
-            provider_request_id=reply.provider_request_id or "",
-            model=reply.model,
-            finish_reason=reply.finish_reason,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cost=runtime.config.price.cost(usage.input_tokens, usage.output_tokens),
-            reply=reply.to_dict(),
-            action=_action_record(action),
-            started_at=started_at,
-            finished_at=timezone.now(),
-        )
-        if isinstance(action, ToolCallsAction):
-            for position, call in enumerate(action.calls):
-                tool = runtime.registry.get(call.name)
-                created = ToolCallRow.objects.create(
+    if isinstance(action, ToolCallsAction):
+        for position, call in enumerate(action.calls):
+            tool = runtime.registry.get(call.name)
+            rows.append(
+                ToolCallRow(
                     run=ctx.run,
                     step=step,
                     position=position,
@@ -291,7 +292,12 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
                     idempotency_key=idempotency_key_for(str(ctx.run.id), call.call_id),
                     effect=str(tool.contract.effective_effect) if tool else "",
                 )
-                rows.append(created)
+            )
+    with recoverable_transaction():  # lost in a database crash: the step re-runs
+        instances_insert([step])
+        for row in rows:
+            row.step = step  # its key is known now
+        instances_insert(rows)
         # The assistant's action is on record before any tool runs.
         ctx.checkpoint()
     failpoint("after_action_persisted")

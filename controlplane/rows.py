@@ -1,10 +1,11 @@
-"""Plain INSERT and UPDATE statements for the span store's hot path.
+"""Plain INSERT and UPDATE statements for a step's hot path.
 
-A step writes a handful of span rows and events; building each statement through
-the ORM (query objects, compilers) cost more than running it (measured with
-`bench.bench_steps`: the span store was 40% of a step). These helpers take the
+A step writes a handful of rows (its record, tool calls, span rows, events);
+building each statement through the ORM (query objects, compilers) cost more
+than running it (measured with `bench.bench_steps`). These helpers take the
 column names and value conversions from the model's own fields, so the SQL and
-parameters are what the ORM would send, on SQLite and PostgreSQL alike.
+parameters are what the ORM would send, on SQLite and PostgreSQL alike. Models
+written here have no signals and no save() overrides.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Model
 
-__all__ = ["rows_insert", "row_update"]
+__all__ = ["instances_insert", "row_update", "rows_insert"]
 
 
 def _fields(model: type[Model], names: Sequence[str]) -> list[Any]:
@@ -86,3 +87,23 @@ def row_update(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
+
+
+def instances_insert(instances: Sequence[Model]) -> None:
+    """Insert unsaved instances of one model in one statement, as `create()` would
+    (field defaults and auto_now_add applied; the primary key set on each)."""
+    if not instances:
+        return
+    meta = instances[0]._meta
+    key: Any = meta.pk
+    generated = key.db_returning  # an auto-increment key comes back
+    fields = [f for f in meta.concrete_fields if not (generated and f is key)]
+    rows = [[field.pre_save(obj, True) for field in fields] for obj in instances]
+    pks = rows_insert(
+        type(instances[0]), [f.name for f in fields], rows, returning=generated
+    )
+    for index, obj in enumerate(instances):
+        if generated:
+            setattr(obj, key.attname, pks[index])
+        obj._state.adding = False
+        obj._state.db = connection.alias
