@@ -20,6 +20,7 @@ from controlplane.budget_services import (
     tenant_run_ceiling,
 )
 from controlplane.models import Tenant
+from controlplane.rows import row_update
 from controlplane.services import audit_record
 from controlplane.transactions import recoverable_transaction
 from runs.engine.loop import AgentConfig, EngineState
@@ -164,7 +165,7 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     if run.started_at is None:
         changes["started_at"] = now
     with recoverable_transaction():  # lost in a database crash: taken again
-        won = Run.objects.filter(id=run.id, version=run.version).update(**changes)
+        won = row_update(Run, run.id, changes, where={"version": run.version})
     if not won:
         return None
     taken_over = bool(run.lease_owner)
@@ -185,9 +186,12 @@ def run_save(run: Run, **changes: Any) -> None:
         timezone.now() + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
     )
     changes["updated_at"] = timezone.now()
-    won = Run.objects.filter(
-        id=run.id, version=run.version, lease_owner=run.lease_owner
-    ).update(**changes)
+    won = row_update(
+        Run,
+        run.id,
+        changes,
+        where={"version": run.version, "lease_owner": run.lease_owner},
+    )
     if not won:
         raise LeaseLost(str(run.id))
     for name, value in changes.items():
