@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -87,8 +87,10 @@ def run_events_append(
 ) -> list[RunEvent]:
     """Append events, in order, with the run's next consecutive seqs (one insert).
 
-    The unique (run, seq) constraint decides between concurrent writers: the loser
-    rolls back its savepoint and takes the next numbers.
+    The unique (run, seq) constraint decides between concurrent writers: a seq
+    already taken is skipped by the insert (no error, so no savepoint is needed
+    to keep the caller's transaction); the loser removes what it inserted and
+    takes the next numbers.
     """
     # The last committed seq seen by this process saves the MAX query when this
     # process is the run's only writer (the lease holder); it is only ever
@@ -105,14 +107,14 @@ def run_events_append(
             )
             for offset, (type, payload) in enumerate(events, start=1)
         ]  # fmt: skip
-        try:
-            with transaction.atomic():
-                pks = rows_insert(
-                    RunEvent,
-                    ["run", "seq", "type", "payload", "created_at"],
-                    [[run.pk, r.seq, r.type, r.payload, now] for r in rows],
-                )
-        except IntegrityError:
+        pks = rows_insert(
+            RunEvent,
+            ["run", "seq", "type", "payload", "created_at"],
+            [[run.pk, r.seq, r.type, r.payload, now] for r in rows],
+            ignore_conflicts=True,
+        )
+        if len(pks) < len(rows):  # another writer has some of these seqs
+            RunEvent.objects.filter(pk__in=pks).delete()
             last = _max_seq(run.pk)
             continue
         for row, pk in zip(rows, pks, strict=True):

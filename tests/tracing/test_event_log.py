@@ -9,8 +9,9 @@ from django.db import transaction
 
 from runs.models import Run
 from runs.services import run_start
+from tracing import services as tracing_services
 from tracing.models import RunEvent
-from tracing.services import run_event_append
+from tracing.services import run_event_append, run_events_append
 
 
 @pytest.fixture
@@ -38,26 +39,22 @@ def test_a_writer_that_loses_the_seq_takes_the_next_one(
 ) -> None:
     run_event_append(run=run, type="run.note", payload={})
     taken = RunEvent.objects.filter(run=run).count()
-    # A competing writer inserts the seq this writer has just computed.
-    raced: list[RunEvent] = []
-    real_atomic = transaction.atomic
-
-    class RivalFirst:
-        on_commit = staticmethod(transaction.on_commit)
-
-        @staticmethod
-        def atomic() -> Any:
-            if not raced:
-                raced.append(RunEvent.objects.create(run=run, seq=taken + 1, type="r"))
-            return real_atomic()
-
-    monkeypatch.setattr("tracing.services.transaction", RivalFirst)
-    mine = run_event_append(run=run, type="mine", payload={})
-    assert raced[0].seq == taken + 1
-    assert mine.seq == taken + 2
-    assert list(RunEvent.objects.filter(run=run).values_list("seq", flat=True)) == list(
-        range(1, taken + 3)
+    # A competing writer (another process) took the seq this process would
+    # compute from the last one it committed, and the one after.
+    rivals = [
+        RunEvent.objects.create(run=run, seq=taken + 1, type="rival"),
+        RunEvent.objects.create(run=run, seq=taken + 2, type="rival"),
+    ]
+    monkeypatch.setitem(tracing_services._committed_seq, run.pk, taken)  # stale
+    first, second = run_events_append(
+        run=run, events=[("mine", {"n": 1}), ("mine", {"n": 2})]
     )
+    assert (first.seq, second.seq) == (taken + 3, taken + 4)
+    assert [r.seq for r in rivals] == [taken + 1, taken + 2]
+    assert list(RunEvent.objects.filter(run=run).values_list("seq", flat=True)) == list(
+        range(1, taken + 5)
+    )
+    assert RunEvent.objects.filter(run=run, type="mine").count() == 2
 
 
 @pytest.mark.django_db(transaction=True)
