@@ -2,8 +2,8 @@
 
 A task either resolves the open tool calls of the last assistant turn (after an
 approval or a crash) or asks the model for the next action, persists it, then runs
-its calls in order. Every result is on its call's row before anything else
-happens, and in the transcript by the write that ends the step; a call is marked
+its calls in order. Every result is on its call's row and in the transcript by the
+step's next write (before the next call runs or the step ends); a call is marked
 `executing` (committed) before its handler runs, so after a crash the host knows
 which calls may have taken effect.
 """
@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from django.db import transaction
@@ -129,12 +130,21 @@ class StepContext:
     runtime: RunRuntime
     started: float
     base_wall_seconds: float
+    # Results recorded in the transcript, to be stored on their rows by the
+    # step's next write (see `_record`).
+    unsaved_results: list[Callable[[], object]] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return self.base_wall_seconds + time.monotonic() - self.started
 
+    def save_results(self) -> None:
+        writes, self.unsaved_results = self.unsaved_results, []
+        for write in writes:
+            write()
+
     def checkpoint(self, **changes: Any) -> None:
-        """Persist the engine state and counters (CAS as the lease holder)."""
+        """Persist the results, engine state and counters (CAS as the lease holder)."""
+        self.save_results()
         self.state.usage = self.state.usage.with_wall_seconds(self.elapsed())
         run_save(
             self.run,
@@ -466,10 +476,11 @@ def _note_on_observation(
             break
     else:
         return
-    row.refresh_from_db()
-    observation = dict(row.observation or {})
-    observation["content"] = content
     with recoverable_transaction():
+        ctx.save_results()
+        row.refresh_from_db()
+        observation = dict(row.observation or {})
+        observation["content"] = content
         ToolCallRow.objects.filter(id=row.id).update(observation=observation)
         ctx.checkpoint()
 
@@ -499,6 +510,9 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
             call_cost=tool.money_cost,
         )  # fmt: skip
         _ask_to_extend(ctx, ask)
+    if ctx.unsaved_results:  # an earlier call's result goes first
+        with recoverable_transaction():
+            ctx.save_results()
     reserved = budget_before_tool_call(run=ctx.run, tool=tool, call_id=call.call_id)
     if isinstance(reserved, BudgetRefusal):
         _finish_budget_refused(ctx, reserved)
@@ -548,11 +562,10 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
 def _record(
     ctx: StepContext, row: ToolCallRow, call: ToolCall, result: ToolResult, status: str
 ) -> None:
-    """Bound the result into the transcript; store the result on its row now.
-
-    The transcript is saved by the step's next write (the one that ends the step
-    or opens a wait): until then a crash loses nothing, since the next holder
-    replays a call whose row has its result instead of running it again.
+    """Bound the result into the transcript; its row is written with the step's
+    next write (the one that ends the step, opens a wait, or precedes the next
+    call), together with the transcript. A crash before that loses nothing the
+    host relies on: a read-only call runs again, any other becomes `unknown`.
     """
     observation, artifact = record_result(
         ctx.state.transcript,
@@ -564,35 +577,38 @@ def _record(
         (ref["result"] for ref in result.refs if ref.get("kind") == "sandbox_result"),
         None,
     )
+    fields = {
+        "status": status,
+        "result": result.to_dict(),
+        "observation": {
+            "content": observation.content,
+            "truncated": observation.truncated,
+            "full_size_bytes": observation.full_size_bytes,
+            "sha256": observation.sha256,
+            "trust": observation.trust,
+        },
+        "artifact": None
+        if artifact is None
+        else {
+            "sha256": artifact.sha256,
+            "size_bytes": artifact.size_bytes,
+            "media_type": artifact.media_type,
+            "content": artifact.content.decode("utf-8", "replace"),
+        },
+        "sandbox_result": sandbox,
+        "attempts": row.attempts,
+        "started_at": row.started_at,
+        "finished_at": timezone.now(),
+    }
     # A final row keeps its result: a replay writes the same, and a worker that
     # lost the lease meanwhile must not overwrite what the new holder decided.
-    # Recoverable: without it the call is re-run if read-only, else `unknown`.
-    with recoverable_transaction():
-        ToolCallRow.objects.filter(id=row.id).exclude(
-            status__in=FINAL_CALL_STATUSES
-        ).update(
-            status=status,
-            result=result.to_dict(),
-            observation={
-                "content": observation.content,
-                "truncated": observation.truncated,
-                "full_size_bytes": observation.full_size_bytes,
-                "sha256": observation.sha256,
-                "trust": observation.trust,
-            },
-            artifact=None
-            if artifact is None
-            else {
-                "sha256": artifact.sha256,
-                "size_bytes": artifact.size_bytes,
-                "media_type": artifact.media_type,
-                "content": artifact.content.decode("utf-8", "replace"),
-            },
-            sandbox_result=sandbox,
-            attempts=row.attempts,
-            started_at=row.started_at,
-            finished_at=timezone.now(),
+    ctx.unsaved_results.append(
+        lambda: (
+            ToolCallRow.objects.filter(id=row.id)
+            .exclude(status__in=FINAL_CALL_STATUSES)
+            .update(**fields)
         )
+    )
     row.status = status
     row.result = result.to_dict()
 
@@ -634,6 +650,7 @@ def _finish(
     status = str(terminal_status(reason, evaluation))
     state.usage = state.usage.with_wall_seconds(ctx.elapsed())
     with transaction.atomic():
+        ctx.save_results()  # recorded results are not "unfinished"
         ToolCallRow.objects.filter(
             run=ctx.run, status__in=UNFINISHED_CALL_STATUSES
         ).update(status=ToolCallRow.Status.CANCELLED, finished_at=timezone.now())
