@@ -127,8 +127,8 @@ def measure(database_url: str) -> dict[str, Any]:
     )
 
     def plain_update() -> None:
-        with _raw_cursor() as cursor:  # the ledger's own path: prepared, autocommit
-            cursor.execute(plain_sql, {"id": hot.id}, prepare=_prepare())
+        # The ledger's own path: its cursor, prepared, autocommitted.
+        _raw_cursor().execute(plain_sql, {"id": hot.id}, prepare=_prepare())
 
     def plain_orm() -> None:
         BudgetCounter.objects.filter(id=hot.id).update(used_runs=F("used_runs") + 1)

@@ -40,6 +40,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q, Sum, Value
 from django.utils import timezone
+from psycopg.types.numeric import Int4, Int8
 
 from controlplane.budget_models import (
     PERIOD_DIMENSIONS,
@@ -452,13 +453,19 @@ def _raw_cursor() -> psycopg.Cursor[Any]:
 
     Django turns prepared statements off on its connections (its own cursors
     bind on the client and never prepare); an explicit `prepare=True` needs a
-    threshold, set high so nothing else is ever prepared automatically.
+    threshold, set high so nothing else is ever prepared automatically. The
+    cursor is kept with the connection and used again (one per connection).
     """
     connection.ensure_connection()
     raw = connection.connection
+    kept: psycopg.Cursor[Any] | None = getattr(connection, "_budget_cursor", None)
+    if kept is not None and kept.connection is raw and not kept.closed:
+        return kept
     if settings.BUDGET_PREPARED_STATEMENTS and raw.prepare_threshold is None:
         raw.prepare_threshold = 2**31 - 1
-    return psycopg.Cursor(raw)
+    cursor = psycopg.Cursor(raw)
+    connection._budget_cursor = cursor  # type: ignore[attr-defined]
+    return cursor
 
 
 def _prepare() -> bool:
@@ -466,11 +473,14 @@ def _prepare() -> bool:
 
 
 def _typed(amounts: Amounts, prefix: str) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    for name in PERIOD_DIMENSIONS:
-        value = amounts.get(name)
-        params[f"{prefix}_{name}"] = Decimal(value) if name == "cost" else int(value)
-    return params
+    """The amounts as parameters of fixed types: psycopg would send a Python int
+    as int2, int4 or int8 by its size, and each mix is another prepared statement."""
+    return {
+        f"{prefix}_input_tokens": Int8(amounts.input_tokens),
+        f"{prefix}_output_tokens": Int8(amounts.output_tokens),
+        f"{prefix}_cost": Decimal(amounts.cost),
+        f"{prefix}_runs": Int8(amounts.runs),
+    }
 
 
 def _reserve_fast(
@@ -479,25 +489,27 @@ def _reserve_fast(
     """One statement on the writer's own slots; None if a slot is short (or its
     quotas are from another budget version): the locked path decides then."""
     entry = BudgetLedgerEntry(counter_ids=counter_ids, **fields)
+    run_id = fields["run_id"]
+    step = fields["step_index"]
     params = {
         "id": entry.id,
         "tenant": fields["tenant_id"],
-        "run": uuid.UUID(str(fields["run_id"])),
-        "step": fields["step_index"],
+        "run": run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id)),
+        "step": None if step is None else Int4(step),
         "call": str(fields["call_id"]),
         "kind": str(fields["kind"]),
         "reserved": json.dumps(fields["reserved"]),
-        "counters": json.dumps(counter_ids),
-        "version": budget.version,
-        "c0": counter_ids[0],
-        "c1": counter_ids[1],
+        "counters": f"[{counter_ids[0]}, {counter_ids[1]}]",
+        "version": Int4(budget.version),
+        "c0": Int8(counter_ids[0]),
+        "c1": Int8(counter_ids[1]),
         **_typed(amounts, "a"),
     }
 
     def run() -> bool:
-        with _raw_cursor() as cursor:
-            cursor.execute(_RESERVE, params, prepare=_prepare())
-            return cursor.rowcount == 1
+        cursor = _raw_cursor()
+        cursor.execute(_RESERVE, params, prepare=_prepare())
+        return cursor.rowcount == 1
 
     try:
         if connection.in_atomic_block:  # a savepoint the refusal rolls back to
@@ -719,14 +731,14 @@ def _settle_fast(entry: BudgetLedgerEntry, actual: Amounts, status: str) -> bool
         "id": entry.id,
         "status": str(status),
         "actual": None if status == "released" else json.dumps(actual.to_dict()),
-        "c0": entry.counter_ids[0],
-        "c1": entry.counter_ids[1],
+        "c0": Int8(entry.counter_ids[0]),
+        "c1": Int8(entry.counter_ids[1]),
         **_typed(actual, "u"),
         **_typed(Amounts.from_dict(entry.reserved), "r"),
     }
-    with _raw_cursor() as cursor:
-        cursor.execute(_SETTLE, params, prepare=_prepare())
-        row = cursor.fetchone()
+    cursor = _raw_cursor()
+    cursor.execute(_SETTLE, params, prepare=_prepare())
+    row = cursor.fetchone()
     return bool(row and row[0])
 
 

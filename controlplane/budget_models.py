@@ -5,6 +5,8 @@ Imported by `controlplane.models`, so they belong to the controlplane app.
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from decimal import Decimal
 
@@ -109,6 +111,19 @@ class BudgetCounter(models.Model):
         )
 
 
+def time_ordered_uuid() -> uuid.UUID:
+    """A UUIDv7 (RFC 9562): milliseconds since the epoch, then random bits.
+
+    Ledger keys grow with time, so inserts land on the right edge of the primary
+    key index instead of a random page (less to write after each checkpoint).
+    """
+    millis = time.time_ns() // 1_000_000
+    value = (millis & (1 << 48) - 1) << 80 | int.from_bytes(os.urandom(10), "big")
+    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
+    value = value & ~(0x3 << 62) | 0x2 << 62  # the RFC variant
+    return uuid.UUID(int=value)
+
+
 class BudgetLedgerEntry(models.Model):
     """One reservation and how it ended (settled with actual use, or released)."""
 
@@ -122,7 +137,7 @@ class BudgetLedgerEntry(models.Model):
         SETTLED = "settled"
         RELEASED = "released"
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=time_ordered_uuid, editable=False)
     # No database constraint: with one, every insert takes a key-share lock on the
     # tenant row, and concurrent writers of one tenant contend on it (multixacts).
     # Deleting a tenant still cascades here (Django does the cascade).

@@ -677,7 +677,7 @@ def _number(value: Decimal) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def _asks(run: Run) -> Budget | None:
+def _budget_that_asks(run: Run) -> Budget | None:
     """The tenant's budget if it asked to be asked, and somebody may answer."""
     from controlplane.models import Membership
     from controlplane.permissions import Action, role_may
@@ -704,7 +704,7 @@ def budget_period_extension_ask(
     step (or the limit again), at least by what the reservation lacks."""
     if refusal.name not in EXTENDABLE_PERIOD_DIMENSIONS or not refusal.period:
         return None
-    budget = _asks(run)
+    budget = _budget_that_asks(run)
     if budget is None:
         return None
     base = _limits_of_period(budget, refusal.period).get(refusal.name, Decimal(0))
@@ -753,7 +753,7 @@ def budget_cap_extension_ask(
     current = getattr(limits, cap)
     if current is None:
         return None
-    budget = _asks(run)
+    budget = _budget_that_asks(run)
     if budget is None:
         return None
     current = Decimal(str(current))
