@@ -100,15 +100,7 @@ def approval_request_open(
         },
     )
     if created:
-        audit_record(
-            tenant=run.tenant,
-            actor=None,
-            action="approval.request",
-            object_type="approval",
-            object_id=str(request.id),
-            after=_audit_view(request),
-        )
-        _event(run, "approval.requested", _event_view(request))
+        _announce_request(run, request)
     return request
 
 
@@ -145,6 +137,12 @@ def approval_request_open_budget(*, run: Run, ask: Any) -> ApprovalRequest:
         expires_at=timezone.now()
         + dt.timedelta(seconds=int(settings.APPROVAL_DEFAULT_TTL_SECONDS)),
     )
+    _announce_request(run, request)
+    return request
+
+
+def _announce_request(run: Run, request: ApprovalRequest) -> None:
+    """Audit a new request and put `approval.requested` in the run's log."""
     audit_record(
         tenant=run.tenant,
         actor=None,
@@ -154,7 +152,6 @@ def approval_request_open_budget(*, run: Run, ask: Any) -> ApprovalRequest:
         after=_audit_view(request),
     )
     _event(run, "approval.requested", _event_view(request))
-    return request
 
 
 def _audit_view(request: ApprovalRequest) -> dict[str, Any]:

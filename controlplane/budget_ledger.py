@@ -553,15 +553,12 @@ def _reserve_locked(
         period_limits, version = fresh if fresh is not None else ({}, 0)
         by_period = {p: [r for r in rows if r.period == p] for p in PERIODS}
         for period in PERIODS:
-            excluded = _excluded(funding, period)
-            limits = _limits_from(period_limits, period)
-            totals = _totals(by_period[period])
-            for name in PERIOD_DIMENSIONS:
-                wanted = amounts.get(name)
-                if name in excluded or name not in limits or wanted <= 0:
-                    continue
-                if totals[name] + wanted > limits[name]:
-                    return _refusal(period, name, limits[name], totals[name], wanted)
+            refusal = _over_limit(
+                period, _limits_from(period_limits, period),
+                _totals(by_period[period]), amounts, _excluded(funding, period),
+            )  # fmt: skip
+            if refusal is not None:
+                return refusal
         refused = _charge_grants(funding, amounts)
         if refused is not None:
             transaction.set_rollback(True)
@@ -615,6 +612,23 @@ def _totals(rows: list[BudgetCounter]) -> dict[str, Any]:
     }
 
 
+def _over_limit(
+    period: str,
+    limits: dict[str, Any],
+    totals: dict[str, Any],
+    amounts: Amounts,
+    excluded: set[str],
+) -> BudgetRefusal | None:
+    """The refusal for the first dimension `amounts` would take over its limit."""
+    for name in PERIOD_DIMENSIONS:
+        wanted = amounts.get(name)
+        if name in excluded or name not in limits or wanted <= 0:
+            continue
+        if totals[name] + wanted > limits[name]:
+            return _refusal(period, name, limits[name], totals[name], wanted)
+    return None
+
+
 def _refusal(
     period: str,
     name: str,
@@ -658,16 +672,14 @@ def _reserve_rolling(
         )
         for period in PERIODS:
             limits = _limits_from(locked, period)
-            excluded = _excluded(funding, period)
             if not limits:
                 continue
             totals = window_totals(budget.tenant_id, mode, period, now)
-            for name in PERIOD_DIMENSIONS:
-                wanted = amounts.get(name)
-                if name in excluded or name not in limits or wanted <= 0:
-                    continue
-                if totals[name] + wanted > limits[name]:
-                    return _refusal(period, name, limits[name], totals[name], wanted)
+            refusal = _over_limit(
+                period, limits, totals, amounts, _excluded(funding, period)
+            )
+            if refusal is not None:
+                return refusal
         refused = _charge_grants(funding, amounts)
         if refused is not None:
             transaction.set_rollback(True)
