@@ -23,6 +23,7 @@ from approvals.models import (
     ApprovalRequest,
 )
 from controlplane.models import Membership
+from controlplane.rows import instances_where
 from runs.engine.contracts import Effect, ToolContract
 from runs.engine.policy import PolicyAction, PolicyContext, PolicyDecision
 from runs.models import Run
@@ -142,7 +143,11 @@ def tenant_policy(
     contract: ToolContract, arguments: Mapping[str, Any], context: PolicyContext
 ) -> PolicyDecision:
     """The engine's policy hook (settings.RUN_POLICY_HOOK)."""
-    rules = ApprovalPolicyRule.objects.filter(tenant_id=context.tenant_id)
+    rules = instances_where(
+        ApprovalPolicyRule,
+        {"tenant": context.tenant_id},
+        order_by=["position", "created_at"],
+    )
     for rule in rules:
         if not rule_matches(rule, contract, arguments):
             continue

@@ -51,6 +51,7 @@ from controlplane.budget_models import (
     BudgetLedgerEntry,
 )
 from controlplane.models import Tenant
+from controlplane.rows import instances_where
 
 ROLLING_WINDOWS = {"day": dt.timedelta(hours=24), "month": dt.timedelta(days=30)}
 # Slots per calendar bucket on PostgreSQL; SQLite serialises writers anyway.
@@ -901,4 +902,5 @@ def window_usage(
 
 def budget_of(tenant: Tenant | Any) -> Budget | None:
     tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
-    return Budget.objects.filter(tenant_id=tenant_id).first()
+    found = instances_where(Budget, {"tenant": tenant_id}, limit=1)
+    return found[0] if found else None

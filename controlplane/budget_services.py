@@ -40,6 +40,7 @@ from controlplane.budget_models import (
     ModelPriceEntry,
 )
 from controlplane.models import Role, Tenant
+from controlplane.rows import instances_where
 from controlplane.services import audit_record
 from runs.engine.budget import BudgetLimits, BudgetVector, ModelPrice
 from runs.engine.stop import BUDGET_STOP_REASONS, StopReason
@@ -105,12 +106,10 @@ def model_price_for(*, model: str, tenant_id: Any) -> PriceLookup:
     An unknown price counts tokens at zero cost; whether the run may go on is
     decided at reservation time (the cost cannot be bounded).
     """
-    rows = ModelPriceEntry.objects.filter(
-        Q(tenant_id=tenant_id) | Q(tenant__isnull=True), model=model
-    ).order_by("tenant_id")  # NULL sorts last on PostgreSQL and first on SQLite
-    row = next((r for r in rows if r.tenant_id is not None), None) or next(
-        iter(rows), None
-    )
+    rows = instances_where(
+        ModelPriceEntry, {"tenant": tenant_id, "model": model}
+    ) or instances_where(ModelPriceEntry, {"tenant": None, "model": model})
+    row = rows[0] if rows else None
     if row is not None:
         return PriceLookup(
             ModelPrice(row.input_per_million, row.output_per_million),

@@ -11,16 +11,109 @@ written here have no signals and no save() overrides.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection
 from django.db.models import Model
 
-__all__ = ["instances_insert", "row_update", "rows_insert"]
+__all__ = ["instances_insert", "instances_where", "row_update", "rows_insert"]
 
 
 def _fields(model: type[Model], names: Sequence[str]) -> list[Any]:
     return [model._meta.get_field(name) for name in names]
+
+
+# Compiled SELECTs by (vendor, model, filtered fields, order, limit): the SQL text,
+# the filtered fields, the attribute names and each column's value converters.
+_Select = tuple[str, list[Any], list[str], list[tuple[Any, list[Any]]]]
+_selects: dict[tuple[Any, ...], _Select] = {}
+
+
+def _select(
+    model: type[Model],
+    names: tuple[str, ...],
+    nulls: tuple[bool, ...],
+    order_by: tuple[str, ...],
+    limit: int,
+    only: tuple[str, ...],
+) -> _Select:
+    key = (connection.vendor, model, names, nulls, order_by, limit, only)
+    found = _selects.get(key)
+    if found is not None:
+        return found
+    meta = model._meta
+    quote = connection.ops.quote_name
+    table = meta.db_table
+    loaded = [
+        field
+        for field in meta.concrete_fields
+        if not only or field.primary_key or field.name in only
+    ]
+    columns: list[tuple[Any, list[Any]]] = []
+    for field in loaded:
+        field = cast(Any, field)
+        column = field.get_col(table)
+        converters = connection.ops.get_db_converters(column)
+        columns.append((column, [*converters, *field.get_db_converters(connection)]))
+    fields = _fields(model, names)
+    where = " AND ".join(
+        f"{quote(field.column)} IS NULL" if null else f"{quote(field.column)} = %s"
+        for field, null in zip(fields, nulls, strict=True)
+    )
+    filtered = [field for field, null in zip(fields, nulls, strict=True) if not null]
+    order = ", ".join(
+        quote(field.column) + (" DESC" if name.startswith("-") else "")
+        for field, name in zip(
+            _fields(model, [name.lstrip("-") for name in order_by]),
+            order_by,
+            strict=True,
+        )
+    )
+    sql = (
+        f"SELECT {', '.join(quote(f.column) for f in loaded)} "
+        f"FROM {quote(table)}"
+        + (f" WHERE {where}" if where else "")
+        + (f" ORDER BY {order}" if order else "")
+        + (f" LIMIT {int(limit)}" if limit else "")
+    )
+    found = (sql, filtered, [f.attname for f in loaded], columns)
+    _selects[key] = found
+    return found
+
+
+def instances_where(
+    model: type[Model],
+    equal: Mapping[str, Any],
+    *,
+    order_by: Sequence[str] = (),
+    limit: int = 0,
+    only: Sequence[str] = (),
+) -> list[Any]:
+    """Instances whose fields equal `equal`, as `filter(**equal)` would return
+    them (values converted by the fields, as the ORM does), by one SQL text
+    compiled once per shape. `order_by`: field names, `-` for descending; a None
+    value matches NULL; `only`: the fields to load (and the key), as `.only()`."""
+    nulls = tuple(value is None for value in equal.values())
+    sql, filtered, attnames, columns = _select(
+        model, tuple(equal), nulls, tuple(order_by), limit, tuple(only)
+    )
+    values = [value for value in equal.values() if value is not None]
+    params = [
+        field.get_db_prep_value(value, connection)
+        for field, value in zip(filtered, values, strict=True)
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    found = []
+    for row in rows:
+        values = []
+        for value, (column, converters) in zip(row, columns, strict=True):
+            for convert in converters:
+                value = convert(value, column, connection)
+            values.append(value)
+        found.append(model.from_db(connection.alias, attnames, values))
+    return found
 
 
 def rows_insert(

@@ -80,6 +80,7 @@ from runs.failpoints import failpoint
 from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
+from runs.selectors import run_cancel_requested
 from runs.services.lifecycle import (
     LeaseLost,
     counters_from_state,
@@ -622,12 +623,7 @@ def _after_calls(ctx: StepContext, step: Step, rows: list[ToolCallRow]) -> None:
 
 
 def _stop_if_cancelled(ctx: StepContext) -> None:
-    requested = (
-        Run.objects.filter(id=ctx.run.id)
-        .values_list("cancel_requested", flat=True)
-        .first()
-    )
-    if requested:
+    if run_cancel_requested(ctx.run.id):
         _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
 
 

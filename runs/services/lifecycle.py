@@ -20,7 +20,7 @@ from controlplane.budget_services import (
     tenant_run_ceiling,
 )
 from controlplane.models import Tenant
-from controlplane.rows import row_update
+from controlplane.rows import instances_where, row_update
 from controlplane.services import audit_record
 from controlplane.transactions import recoverable_transaction
 from runs.engine.loop import AgentConfig, EngineState
@@ -146,9 +146,10 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     A delivery whose token is stale, a run already finished or waiting, or a lease
     held (and not expired) by another delivery: nothing happens.
     """
-    run = Run.objects.select_related("agent").filter(id=run_id).first()
-    if run is None or str(run.step_token) != step_token:
+    found = instances_where(Run, {"id": run_id})
+    if not found or str(found[0].step_token) != step_token:
         return None
+    run = found[0]
     if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
         return None
     now = timezone.now()
@@ -171,6 +172,7 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     taken_over = bool(run.lease_owner)
     for name, value in changes.items():
         setattr(run, name, value)
+    run.agent = instances_where(Agent, {"id": run.agent_id})[0]
     return Lease(run, taken_over)
 
 
