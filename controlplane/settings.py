@@ -340,6 +340,14 @@ TRACING_SPAN_LEASE_SECONDS = env.number(
     minimum=1.0,
     help="After this long a running span of a dead worker is marked abandoned.",
 )
+TRACING_SLOW_CALL_MS = env.number(
+    "TRACING_SLOW_CALL_MS",
+    100.0,
+    minimum=0.0,
+    help="A model or tool call still running after this long has its span stored "
+    "at once (visible live); a faster one's span is stored complete with the "
+    "step's next write.",
+)
 OTLP_INGEST_MAX_BYTES = env.integer(
     "OTLP_INGEST_MAX_BYTES",
     8 * 1024 * 1024,

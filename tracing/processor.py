@@ -34,6 +34,7 @@ __all__ = [
     "long_lived",
     "span_batch",
     "span_batch_flush",
+    "span_batch_flush_if_slow",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,14 +108,25 @@ class SpanBatch:
 
     def __init__(self) -> None:
         self.writes: list[SpanWrite] = []
+        self._lock = threading.Lock()
 
     def flush(self) -> None:
-        writes, self.writes = self.writes, []
+        with self._lock:
+            writes, self.writes = self.writes, []
         try:
             spans_store(writes)
         except Exception:  # noqa: BLE001 - tracing never breaks a run
             logger.warning("tracing: could not store %d span records", len(writes),
                            exc_info=True)  # fmt: skip
+
+    def flush_from_timer(self) -> None:
+        """`flush` on a timer's thread, with a database connection of its own."""
+        from django.db import connections
+
+        try:
+            self.flush()
+        finally:
+            connections.close_all()  # this thread's only
 
 
 _batch: contextvars.ContextVar[SpanBatch | None] = contextvars.ContextVar(
@@ -134,6 +146,40 @@ def span_batch() -> Iterator[None]:
     finally:
         _batch.reset(token)
         batch.flush()
+
+
+@contextmanager
+def span_batch_flush_if_slow() -> Iterator[None]:
+    """Around a model or tool call: if it still runs after TRACING_SLOW_CALL_MS,
+    store the batch then (from a timer thread), so its span shows as running;
+    a faster call's start is stored with its end, in the step's next write.
+
+    Inside a transaction (a test's, a caller's) the batch is stored now: another
+    connection would not see the rows it refers to.
+    """
+    from django.conf import settings
+    from django.db import connection
+
+    batch = _batch.get()
+    if batch is None or not batch.writes:
+        yield
+        return
+    if connection.in_atomic_block:
+        batch.flush()
+        yield
+        return
+    timer = threading.Timer(
+        settings.TRACING_SLOW_CALL_MS / 1000, batch.flush_from_timer
+    )
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        # A flush under way finishes first: the records that follow refer to
+        # its rows, and it may be waiting for a lock this thread takes next.
+        timer.join()
 
 
 def span_batch_flush() -> None:

@@ -31,7 +31,12 @@ from opentelemetry.trace import (
 
 from runs.models import Run
 from tracing.models import Span
-from tracing.processor import RUN_ID_KEY, TENANT_ID_KEY, long_lived, span_batch_flush
+from tracing.processor import (
+    RUN_ID_KEY,
+    TENANT_ID_KEY,
+    long_lived,
+    span_batch_flush_if_slow,
+)
 from tracing.setup import fixed_ids, tracer
 from tracing.store import span_abandon
 
@@ -312,10 +317,12 @@ def chat_span(
     }
     if max_tokens:
         attributes["gen_ai.request.max_tokens"] = max_tokens
-    with tracer().start_as_current_span(
-        f"chat {agent.model}", kind=SpanKind.CLIENT, attributes=attributes
-    ) as span:
-        span_batch_flush()  # visible while the model works
+    with (
+        tracer().start_as_current_span(
+            f"chat {agent.model}", kind=SpanKind.CLIENT, attributes=attributes
+        ) as span,
+        span_batch_flush_if_slow(),
+    ):  # visible while a slow model works
         yield ChatRecorder(span)
 
 
@@ -389,10 +396,12 @@ def tool_span(run: Run, *, call: Any, effect: str = "") -> Iterator[ToolRecorder
     }
     if effect:
         attributes["cp.tool.effect"] = effect
-    with tracer().start_as_current_span(
-        f"execute_tool {call.name}", attributes=attributes
-    ) as span:
-        span_batch_flush()  # visible while the tool runs
+    with (
+        tracer().start_as_current_span(
+            f"execute_tool {call.name}", attributes=attributes
+        ) as span,
+        span_batch_flush_if_slow(),
+    ):  # visible while a slow tool runs
         yield ToolRecorder(span, run)
 
 
