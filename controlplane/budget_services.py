@@ -349,7 +349,10 @@ def budget_usage(*, tenant: Tenant) -> dict[str, Any]:
 
 
 def tenant_run_ceiling(tenant_id: Any) -> BudgetLimits:
-    budget = budget_of(tenant_id)
+    return run_ceiling_of(budget_of(tenant_id))
+
+
+def run_ceiling_of(budget: Budget | None) -> BudgetLimits:
     return BudgetLimits.from_dict(budget.run_caps if budget else {})
 
 
@@ -379,10 +382,15 @@ def _refuse(run: Run, refusal: BudgetRefusal, **payload: Any) -> BudgetRefusal:
 
 
 def budget_before_model_call(
-    *, run: Run, plan: ModelCallPlan, price_known: bool, step_index: int
+    *,
+    run: Run,
+    plan: ModelCallPlan,
+    price_known: bool,
+    step_index: int,
+    budget: Budget | None,
 ) -> BudgetLedgerEntry | BudgetRefusal | None:
-    """Reserve the model call's worst case; None when the tenant has no budget."""
-    budget = budget_of(run.tenant_id)
+    """Reserve the model call's worst case; None when the tenant has no budget.
+    `budget`: the tenant's, read at the step's start."""
     if not price_known and not (budget and budget.allow_unknown_price):
         period_cost = budget is not None and any(
             (budget.period_limits.get(period) or {}).get("cost") is not None

@@ -29,6 +29,7 @@ class RunRuntime:
     limits: BudgetLimits
     evaluator: Evaluator | None
     price_known: bool = True
+    budget: Any = None  # the tenant's Budget row at the step's start, if any
 
 
 def effective_limits(
@@ -81,20 +82,20 @@ def model_adapter_for(agent: Agent, *, replies_consumed: int) -> ModelAdapter:
 
 
 def runtime_for(run: Run, *, replies_consumed: int) -> RunRuntime:
+    from controlplane.budget_ledger import budget_of
     from controlplane.budget_services import (
         limits_with_extensions,
         model_price_for,
-        tenant_run_ceiling,
+        run_ceiling_of,
     )
 
     agent = run.agent
     price = model_price_for(model=agent.model, tenant_id=run.tenant_id)
+    budget = budget_of(run.tenant_id)
     # A ceiling lowered mid-run applies from the next step on; approved budget
     # extensions raise the caps from there.
     limits = limits_with_extensions(
-        min_limits(
-            BudgetLimits.from_dict(run.limits), tenant_run_ceiling(run.tenant_id)
-        ),
+        min_limits(BudgetLimits.from_dict(run.limits), run_ceiling_of(budget)),
         run.limit_extensions,
     )
     return RunRuntime(
@@ -110,4 +111,5 @@ def runtime_for(run: Run, *, replies_consumed: int) -> RunRuntime:
         limits=limits,
         evaluator=evaluator_for(agent.evaluator, run=run),
         price_known=price.known,
+        budget=budget,
     )

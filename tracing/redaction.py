@@ -44,6 +44,11 @@ def _keys_of(keys: tuple[str, ...]) -> frozenset[str]:
 def key_is_secret(key: str, keys: Iterable[str] | None = None) -> bool:
     """A configured key matches the whole key or its last dotted component."""
     secret = frozenset(keys) if keys is not None else _redacted_keys()
+    return _key_in(key, secret)
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_in(key: str, secret: frozenset[str]) -> bool:
     lowered = key.lower()
     return lowered in secret or lowered.rsplit(".", 1)[-1] in secret
 
@@ -52,6 +57,22 @@ def redact_text(value: str) -> str:
     """Replace credential-looking substrings of `value`."""
     if len(value) < 8:
         return value
+    if len(value) > _MEMO_MAX_CHARS:
+        return _redact_text(value)
+    return _redact_text_memo(value)
+
+
+# A run's messages are scanned again with every model call: remember the
+# verdicts on recent short strings (at most 4096 of 1 KB).
+_MEMO_MAX_CHARS = 1024
+
+
+@functools.lru_cache(maxsize=4096)
+def _redact_text_memo(value: str) -> str:
+    return _redact_text(value)
+
+
+def _redact_text(value: str) -> str:
     if "://" in value:
         value = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED + "@", value)
     return _CREDENTIALS.sub(REDACTED, value)
@@ -68,7 +89,7 @@ def redact(value: Any, *, keys: frozenset[str] | None = None) -> Any:
         return redact_text(value)
     if isinstance(value, Mapping):
         return {
-            k: (REDACTED if key_is_secret(str(k), secret) else redact(v, keys=secret))
+            k: (REDACTED if _key_in(str(k), secret) else redact(v, keys=secret))
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):

@@ -77,9 +77,12 @@ class EngineState:
             progress=ProgressTracker(window=config.max_retries + 1),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, copy: bool = True) -> dict[str, Any]:
+        """`copy=False` shares the live messages, for a write that serialises
+        them at once (a checkpoint)."""
+        messages = self.transcript.to_list() if copy else self.transcript.messages
         return {
-            "messages": self.transcript.to_list(),
+            "messages": messages,
             "usage": self.usage.to_dict(),
             "progress": self.progress.to_dict(),
             "stop_reason": None if self.stop_reason is None else str(self.stop_reason),

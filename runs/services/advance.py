@@ -149,7 +149,7 @@ class StepContext:
         self.state.usage = self.state.usage.with_wall_seconds(self.elapsed())
         run_save(
             self.run,
-            engine_state=self.state.to_dict(),
+            engine_state=self.state.to_dict(copy=False),  # serialised by the write
             **counters_from_state(self.state),
             **changes,
         )
@@ -247,6 +247,7 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
         plan=plan,
         price_known=runtime.price_known,
         step_index=ctx.run.steps,
+        budget=runtime.budget,
     )
     if isinstance(reserved, BudgetRefusal):
         _finish_budget_refused(ctx, reserved)
