@@ -40,7 +40,7 @@ from controlplane.budget_models import (
     ModelPriceEntry,
 )
 from controlplane.models import Role, Tenant
-from controlplane.rows import instances_where
+from controlplane.rows import OrNull, instances_where
 from controlplane.services import audit_record
 from runs.engine.budget import BudgetLimits, BudgetVector, ModelPrice
 from runs.engine.stop import BUDGET_STOP_REASONS, StopReason
@@ -107,9 +107,11 @@ def model_price_for(*, model: str, tenant_id: Any) -> PriceLookup:
     decided at reservation time (the cost cannot be bounded).
     """
     rows = instances_where(
-        ModelPriceEntry, {"tenant": tenant_id, "model": model}
-    ) or instances_where(ModelPriceEntry, {"tenant": None, "model": model})
-    row = rows[0] if rows else None
+        ModelPriceEntry, {"tenant": OrNull(tenant_id), "model": model}
+    )
+    row = next((r for r in rows if r.tenant_id is not None), None) or next(
+        iter(rows), None
+    )
     if row is not None:
         return PriceLookup(
             ModelPrice(row.input_per_million, row.output_per_million),

@@ -11,12 +11,12 @@ written here have no signals and no save() overrides.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from django.db import connection
 from django.db.models import Model
 
-__all__ = ["instances_insert", "instances_where", "row_update", "rows_insert"]
+__all__ = ["OrNull", "instances_insert", "instances_where", "row_update", "rows_insert"]
 
 
 def _fields(model: type[Model], names: Sequence[str]) -> list[Any]:
@@ -32,12 +32,13 @@ _selects: dict[tuple[Any, ...], _Select] = {}
 def _select(
     model: type[Model],
     names: tuple[str, ...],
-    nulls: tuple[bool, ...],
+    nulls: tuple[bool | str, ...],
     order_by: tuple[str, ...],
     limit: int,
     only: tuple[str, ...],
 ) -> _Select:
     key = (connection.vendor, model, names, nulls, order_by, limit, only)
+    # nulls[i]: True (IS NULL), False (= %s) or "or_null" (= %s OR IS NULL)
     found = _selects.get(key)
     if found is not None:
         return found
@@ -57,10 +58,16 @@ def _select(
         columns.append((column, [*converters, *field.get_db_converters(connection)]))
     fields = _fields(model, names)
     where = " AND ".join(
-        f"{quote(field.column)} IS NULL" if null else f"{quote(field.column)} = %s"
+        f"{quote(field.column)} IS NULL"
+        if null is True
+        else f"({quote(field.column)} = %s OR {quote(field.column)} IS NULL)"
+        if null == "or_null"
+        else f"{quote(field.column)} = %s"
         for field, null in zip(fields, nulls, strict=True)
     )
-    filtered = [field for field, null in zip(fields, nulls, strict=True) if not null]
+    filtered = [
+        field for field, null in zip(fields, nulls, strict=True) if null is not True
+    ]
     order = ", ".join(
         quote(field.column) + (" DESC" if name.startswith("-") else "")
         for field, name in zip(
@@ -81,6 +88,12 @@ def _select(
     return found
 
 
+class OrNull(NamedTuple):
+    """In `instances_where`: the field equals this value or is NULL."""
+
+    value: Any
+
+
 def instances_where(
     model: type[Model],
     equal: Mapping[str, Any],
@@ -92,12 +105,20 @@ def instances_where(
     """Instances whose fields equal `equal`, as `filter(**equal)` would return
     them (values converted by the fields, as the ORM does), by one SQL text
     compiled once per shape. `order_by`: field names, `-` for descending; a None
-    value matches NULL; `only`: the fields to load (and the key), as `.only()`."""
-    nulls = tuple(value is None for value in equal.values())
+    value matches NULL, `OrNull(value)` the value or NULL; `only`: the fields to
+    load (and the key), as `.only()`."""
+    nulls = tuple(
+        "or_null" if isinstance(value, OrNull) else value is None
+        for value in equal.values()
+    )
     sql, filtered, attnames, columns = _select(
         model, tuple(equal), nulls, tuple(order_by), limit, tuple(only)
     )
-    values = [value for value in equal.values() if value is not None]
+    values = [
+        value.value if isinstance(value, OrNull) else value
+        for value in equal.values()
+        if value is not None
+    ]
     params = [
         field.get_db_prep_value(value, connection)
         for field, value in zip(filtered, values, strict=True)

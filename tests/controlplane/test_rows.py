@@ -1,0 +1,86 @@
+"""The hot path's plain SQL reads and writes return and store what the ORM would."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db.models import Q
+from django.forms.models import model_to_dict
+
+from controlplane.budget_models import ModelPriceEntry
+from controlplane.rows import OrNull, instances_where, row_update
+from runs.models import Agent, Run
+from runs.services import run_start
+
+
+@pytest.fixture
+def run(tenant: Any) -> Run:
+    Agent.objects.create(
+        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m",
+        tool_names=["echo"], script=[{"text": "hi"}],
+    )  # fmt: skip
+    return run_start(tenant=tenant, agent_slug="a", input="go", started_by=None)
+
+
+def fields_of(instance: Any) -> dict[str, Any]:
+    return {
+        f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields
+    }
+
+
+def test_an_instance_read_by_plain_sql_equals_the_orms(run: Run) -> None:
+    found = instances_where(Run, {"id": run.id})
+    assert len(found) == 1
+    # Every type converted as the ORM does: UUIDs, JSON, datetimes, decimals.
+    assert fields_of(found[0]) == fields_of(Run.objects.get(id=run.id))
+    assert found[0]._state.adding is False
+    assert instances_where(Run, {"id": run.agent_id}) == []
+
+
+def test_only_loads_the_named_fields_and_the_key(run: Run) -> None:
+    Run.objects.filter(id=run.id).update(cancel_requested=True)
+    (found,) = instances_where(Run, {"id": run.id}, only=["cancel_requested"])
+    assert found.cancel_requested is True and found.id == run.id
+    assert found.get_deferred_fields() >= {"engine_state", "input"}
+
+
+def test_none_matches_null_and_or_null_matches_either(
+    tenant: Any, other_tenant: Any
+) -> None:
+    shared = ModelPriceEntry.objects.create(
+        tenant=None, model="m1", input_per_million=Decimal("1.5"),
+        output_per_million=Decimal("2"), cached_input_per_million=Decimal("0.5"),
+    )  # fmt: skip
+    own = ModelPriceEntry.objects.create(
+        tenant=tenant, model="m1", input_per_million=Decimal("3"),
+        output_per_million=Decimal("4"), cached_input_per_million=Decimal("1"),
+    )  # fmt: skip
+    ModelPriceEntry.objects.create(
+        tenant=other_tenant, model="m1", input_per_million=Decimal("9"),
+        output_per_million=Decimal("9"), cached_input_per_million=Decimal("9"),
+    )  # fmt: skip
+    assert [r.pk for r in instances_where(ModelPriceEntry, {"tenant": None})] == [
+        shared.pk
+    ]
+    either = instances_where(
+        ModelPriceEntry, {"tenant": OrNull(tenant.pk), "model": "m1"}, order_by=["-id"]
+    )
+    expected = ModelPriceEntry.objects.filter(
+        Q(tenant=tenant) | Q(tenant__isnull=True), model="m1"
+    ).order_by("-id")
+    assert [model_to_dict(r) for r in either] == [model_to_dict(r) for r in expected]
+    assert {r.pk for r in either} == {shared.pk, own.pk}
+    assert either[0].input_per_million == Decimal("3")
+
+
+def test_a_conditional_update_changes_only_a_matching_row(run: Run) -> None:
+    lost = row_update(
+        Run, run.id, {"lease_owner": "x"}, where={"version": run.version + 5}
+    )
+    assert lost == 0
+    assert Run.objects.get(id=run.id).lease_owner == ""
+    won = row_update(Run, run.id, {"lease_owner": "x"}, where={"version": run.version})
+    assert won == 1
+    assert Run.objects.get(id=run.id).lease_owner == "x"
