@@ -229,7 +229,9 @@ def spans_store(writes: list[SpanWrite]) -> None:
     with one `span.started` / `span.ended` event each: one transaction, one insert
     for the payloads, one for the new rows, one per run for the events.
 
-    A span whose start and end are both here is inserted complete.
+    A span whose start and end are both here is inserted complete, with one
+    event, `span.ended` marked `first_event` (the stream knows its children
+    then: their events came with it).
     """
     if not writes:
         return
@@ -275,18 +277,19 @@ def spans_store(writes: list[SpanWrite]) -> None:
             if not write.ended:
                 assert row is not None
                 write.handle.pk = row.pk
-                started = span_event_payload(row)
-                if row.ended_at is not None:  # as it was when it started
-                    started.update(status=Span.Status.RUNNING, ended_at=None,
-                                   status_message="", events=[])  # fmt: skip
+                if row.ended_at is not None:
+                    continue  # stored complete: its `span.ended` says it all
                 events.setdefault((write.run_id, write.tenant_id), []).append(
-                    ("span.started", started)
+                    ("span.started", span_event_payload(row))
                 )
                 continue
-            if row is None:
-                row = _leased_end(write, attributes, payloads)
+            ended = span_event_payload(row) if row else None
+            if ended is not None:  # stored complete: no `span.started` came first
+                ended["first_event"] = True
+            else:
+                ended = span_event_payload(_leased_end(write, attributes, payloads))
             events.setdefault((write.run_id, write.tenant_id), []).append(
-                ("span.ended", span_event_payload(row))
+                ("span.ended", ended)
             )
         for (run_id, tenant_id), run_events in events.items():
             run_events_append(run=_run_ref(run_id, tenant_id), events=run_events)

@@ -207,8 +207,12 @@ function costOf(node) {
 function applyEvent(event) {
   const type = event.type || "";
   if (type === "span.started" || type === "span.ended" || type === "span.abandoned") {
-    const node = model.upsert(event.payload, { complete: type === "span.started" });
-    if (type === "span.started" && node.children && node.children.length === 0) node.expanded = true;
+    const known = model.nodes.has(event.payload.span_id);
+    const node = model.upsert(event.payload, { complete: firstEvent(event) });
+    // A span new to the page opens, so its children show as they come.
+    if (firstEvent(event) && node.children && (!known || node.children.length === 0)) {
+      node.expanded = true;
+    }
     if (view.selectedId === node.id) selectSpan(node, { refetch: type !== "span.started" });
     if (type !== "span.started" && (event.payload.attributes || {})["cp.approval.status"]) loadApprovalsSoon();
     view.schedule();
@@ -340,9 +344,15 @@ async function loadTrace() {
   };
 }
 
+// A span seen from its first event on: its children's events all come with or
+// after it, so its list of children is known (not loaded on demand).
+function firstEvent(event) {
+  return event.type === "span.started" || event.payload.first_event === true;
+}
+
 function applyEventQuiet(event) {
   if (event.type === "span.started" || event.type === "span.ended" || event.type === "span.abandoned") {
-    model.upsert(event.payload, { complete: event.type === "span.started" });
+    model.upsert(event.payload, { complete: firstEvent(event) });
   }
 }
 
