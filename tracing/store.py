@@ -87,8 +87,12 @@ def payload_encode(value: Any) -> tuple[str, str, int]:
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
             value = json.loads(value)
-    value = redact(value)
-    text = json.dumps(value, ensure_ascii=False, default=_json_default)
+    return _payload_of(
+        json.dumps(redact(value), ensure_ascii=False, default=_json_default)
+    )
+
+
+def _payload_of(text: str) -> tuple[str, str, int]:
     limit = settings.TRACING_PAYLOAD_MAX_BYTES
     encoded = text.encode()
     if len(encoded) > limit:
@@ -115,7 +119,8 @@ _encoded_lock = threading.Lock()
 
 def _payload_encode_cached(value: Any) -> tuple[str, str, int]:
     """payload_encode, remembered for recent JSON texts: every chat span of a run
-    carries the same tool definitions."""
+    carries the same tool definitions, and its messages are the last call's
+    plus a few (only those are parsed and redacted, see `_array_extended`)."""
     if not isinstance(value, str):
         return payload_encode(value)
     with _encoded_lock:
@@ -123,12 +128,41 @@ def _payload_encode_cached(value: Any) -> tuple[str, str, int]:
         if known is not None:
             _encoded.move_to_end(value)
             return known
-    encoded = payload_encode(value)
+        recent = list(_encoded.items()) if value.startswith("[") else []
+    encoded = _array_extended(value, recent) or payload_encode(value)
     with _encoded_lock:
         _encoded[value] = encoded
         if len(_encoded) > _ENCODED_LIMIT:
             _encoded.popitem(last=False)
     return encoded
+
+
+def _array_extended(
+    value: str, recent: list[tuple[str, tuple[str, str, int]]]
+) -> tuple[str, str, int] | None:
+    """The encoding of the JSON array `value` from a recent one it extends: the
+    same text up to its last element, then more elements. Redaction works
+    element by element, so only the new elements are parsed and redacted."""
+    for raw, (_, text, _) in recent:
+        prefix = raw[:-1]
+        extends = (
+            len(raw) > 2
+            and raw.endswith("]")
+            and text.startswith("[")  # not a truncated head
+            and value.startswith(prefix)
+            and value[len(prefix) : len(prefix) + 1] == ","
+        )
+        if not extends:
+            continue
+        try:
+            more = json.loads("[" + value[len(prefix) + 1 :])
+        except ValueError:
+            return None
+        if not isinstance(more, list) or not more:
+            return None
+        tail = json.dumps(redact(more), ensure_ascii=False, default=_json_default)
+        return _payload_of(text[:-1] + ", " + tail[1:])
+    return None
 
 
 # Payload digests by (span, attribute) with the raw value they were computed
