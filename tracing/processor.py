@@ -18,12 +18,15 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from tracing.redaction import redact, redact_attributes
 from tracing.store import (
+    PreparedSpans,
     SpanHandle,
     SpanRecord,
     SpanWrite,
     span_record_end,
     span_record_start,
+    spans_prepare,
     spans_store,
+    spans_write,
 )
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "TENANT_ID_KEY",
     "RedactingSpanExporter",
     "RunSpanProcessor",
+    "SpanBatch",
     "long_lived",
     "span_batch",
     "span_batch_flush",
@@ -111,13 +115,27 @@ class SpanBatch:
         self._lock = threading.Lock()
 
     def flush(self) -> None:
+        self.store(self.prepare())
+
+    def prepare(self) -> PreparedSpans | None:
+        """Take the records and do what needs no database (before a transaction)."""
         with self._lock:
             writes, self.writes = self.writes, []
         try:
-            spans_store(writes)
+            return spans_prepare(writes)
         except Exception:  # noqa: BLE001 - tracing never breaks a run
             logger.warning("tracing: could not store %d span records", len(writes),
                            exc_info=True)  # fmt: skip
+            return None
+
+    def store(self, prepared: PreparedSpans | None) -> None:
+        if prepared is None:
+            return
+        try:
+            spans_write(prepared)
+        except Exception:  # noqa: BLE001 - tracing never breaks a run
+            logger.warning("tracing: could not store %d span records",
+                           len(prepared.writes), exc_info=True)  # fmt: skip
 
     def flush_from_timer(self) -> None:
         """`flush` on a timer's thread, with a database connection of its own."""
@@ -135,14 +153,14 @@ _batch: contextvars.ContextVar[SpanBatch | None] = contextvars.ContextVar(
 
 
 @contextmanager
-def span_batch() -> Iterator[None]:
+def span_batch() -> Iterator[SpanBatch]:
     """Task spans started or ended here are stored at the next `span_batch_flush`
     (or when it ends) in one transaction, instead of one each: a step's records
     cost a few commits, not six. The order of their events is kept."""
     batch = SpanBatch()
     token = _batch.set(batch)
     try:
-        yield
+        yield batch
     finally:
         _batch.reset(token)
         batch.flush()

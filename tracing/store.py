@@ -37,7 +37,9 @@ __all__ = [
     "span_event_payload",
     "span_record_end",
     "span_record_start",
+    "spans_prepare",
     "spans_store",
+    "spans_write",
 ]
 
 # Attributes that carry model input/output and tool arguments/results: stored as
@@ -267,10 +269,21 @@ def spans_store(writes: list[SpanWrite]) -> None:
     event, `span.ended` marked `first_event` (the stream knows its children
     then: their events came with it).
     """
-    if not writes:
-        return
-    # Everything that needs no database happens before the transaction: on
-    # SQLite it holds the one write lock every worker waits for.
+    spans_write(spans_prepare(writes))
+
+
+@dataclass
+class PreparedSpans:
+    """Span writes with their payloads encoded and new rows built (no database)."""
+
+    writes: list[tuple[SpanWrite, dict[str, Any], dict[str, str]]]
+    payloads: dict[tuple[Any, str], SpanPayload]
+    new_rows: dict[int, Span]  # by handle
+
+
+def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
+    """Everything of `spans_store` that needs no database: done before its
+    transaction, which on SQLite holds the one write lock every worker waits for."""
     pending: dict[tuple[Any, str], SpanPayload] = {}
     prepared = [
         (write, *_split_payloads(
@@ -286,6 +299,15 @@ def spans_store(writes: list[SpanWrite]) -> None:
         end = ends.get(id(write.handle))
         record = end.record if end is not None else write.record
         new_rows[id(write.handle)] = _leased_row(write, record, attributes, payloads)
+    return PreparedSpans(prepared, pending, new_rows)
+
+
+def spans_write(prepared_spans: PreparedSpans) -> None:
+    """The database part of `spans_store`."""
+    prepared, pending = prepared_spans.writes, prepared_spans.payloads
+    new_rows = prepared_spans.new_rows
+    if not prepared:
+        return
     with telemetry_transaction():
         if pending:
             rows_insert(

@@ -90,7 +90,7 @@ from runs.services.lifecycle import (
     run_save,
     step_dispatch_on_commit,
 )
-from tracing.processor import span_batch
+from tracing.processor import SpanBatch, span_batch
 from tracing.spans import (
     approval_span_open,
     approval_span_settle,
@@ -177,14 +177,15 @@ def run_advance(
     )
     # The step span (it ends the run's root span when the run is over), its
     # children's records batched into a few commits.
+    records = ExitStack()
+    batch = records.enter_context(span_batch())
     spans = ExitStack()
-    spans.enter_context(span_batch())
     spans.enter_context(
         step_span(run, traceparent=traceparent, taken_over=lease.taken_over)
     )
     try:
         _step(ctx)
-        _continue(ctx, spans)
+        _continue(ctx, spans, batch)
         return "continued"
     except StepEnded as ended:
         return ended.outcome
@@ -198,6 +199,7 @@ def run_advance(
         return "finished"
     finally:
         spans.close()
+        records.close()
         lease_release(run)
 
 
@@ -700,10 +702,17 @@ def _finish_budget_refused(ctx: StepContext, refusal: BudgetRefusal) -> None:
     )
 
 
-def _continue(ctx: StepContext, spans: ExitStack) -> None:
+def _continue(ctx: StepContext, spans: ExitStack, batch: SpanBatch) -> None:
     """Release the lease and enqueue the next step in one commit, which also
-    stores the step's last span records (before the next step's can start)."""
+    stores the step's last span records (before the next step's can start).
+    The step span ends and its records are prepared before that transaction:
+    on SQLite it holds the one write lock every worker waits for."""
+    # The step span's end reports the run's counters as the checkpoint writes them.
+    for name, value in counters_from_state(ctx.state).items():
+        setattr(ctx.run, name, value)
+    spans.close()
+    prepared = batch.prepare()
     with recoverable_transaction():  # lost: recovery enqueues the step again
         ctx.checkpoint(lease_owner="", lease_expires_at=None, step_token=uuid.uuid4())
-        spans.close()
+        batch.store(prepared)
         step_dispatch_on_commit(ctx.run)
