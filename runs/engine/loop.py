@@ -90,10 +90,11 @@ class EngineState:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EngineState:
+    def from_dict(cls, data: Mapping[str, Any], *, copy: bool = True) -> EngineState:
+        """`copy=False` adopts the messages (see `Transcript.from_list`)."""
         reason = data.get("stop_reason")
         return cls(
-            transcript=Transcript.from_list(data.get("messages", [])),
+            transcript=Transcript.from_list(data.get("messages", []), copy=copy),
             usage=BudgetVector.from_dict(data.get("usage")),
             progress=ProgressTracker.from_dict(data.get("progress")),
             stop_reason=None if reason is None else StopReason(reason),

@@ -92,5 +92,11 @@ class Transcript:
         return [_json_copy(message) for message in self.messages]
 
     @classmethod
-    def from_list(cls, messages: Sequence[Mapping[str, Any]]) -> Transcript:
+    def from_list(
+        cls, messages: Sequence[Mapping[str, Any]], *, copy: bool = True
+    ) -> Transcript:
+        """`copy=False` adopts the messages: for data nobody else holds (just
+        decoded from the database)."""
+        if not copy:
+            return cls([dict(message) for message in messages])
         return cls([_json_copy(dict(message)) for message in messages])

@@ -167,7 +167,8 @@ def run_advance(
     if lease is None:
         return "skipped"
     run = lease.run
-    state = EngineState.from_dict(run.engine_state)
+    # Decoded for this step alone: the state adopts it rather than copy it.
+    state = EngineState.from_dict(run.engine_state, copy=False)
     ctx = StepContext(
         run=run,
         state=state,
