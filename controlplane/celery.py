@@ -5,13 +5,24 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import task_postrun, task_prerun, worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 app = Celery("controlplane")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _close_old_database_connections(**_: object) -> None:
+    # As Django does around a request: a connection lives CONN_MAX_AGE and one
+    # that failed is dropped (settings.CELERY_DB_REUSE_MAX keeps Celery's own
+    # fixup from closing every connection around every task).
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 
 @worker_process_init.connect

@@ -149,6 +149,11 @@ CELERY_TASK_DEFAULT_QUEUE = env.string(
     "CELERY_QUEUE", "controlplane", help="Celery queue the web enqueues steps on."
 )
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes every database connection before and after every
+# task unless this is set: a reconnect per step (milliseconds on PostgreSQL).
+# Workers close them as Django does around a request instead: at CONN_MAX_AGE,
+# or when broken (controlplane/celery.py).
+CELERY_DB_REUSE_MAX = 2**62
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}
 
 CHANNEL_LAYERS = {

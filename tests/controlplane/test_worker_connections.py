@@ -1,0 +1,43 @@
+"""A worker keeps its database connection across tasks (Celery's Django fixup
+would close it around every task: a reconnect per step) and drops it as Django
+does around a request: at CONN_MAX_AGE (or, on PostgreSQL, once it failed)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery.fixups.django import DjangoWorkerFixup
+from django.db import connection
+
+from controlplane.celery import _close_old_database_connections
+from controlplane.celery import app as celery_app
+
+
+def _task() -> Any:
+    return SimpleNamespace(request=SimpleNamespace(is_eager=False))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_outlives_the_tasks_around_it() -> None:
+    fixup = DjangoWorkerFixup(celery_app)
+    connection.ensure_connection()
+    opened = connection.connection
+    for _ in range(3):
+        fixup.on_task_prerun(sender=_task())
+        _close_old_database_connections()
+        connection.cursor().execute("SELECT 1")
+        fixup.on_task_postrun(sender=_task())
+        _close_old_database_connections()
+    assert connection.connection is opened
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_past_its_max_age_is_dropped_after_a_task() -> None:
+    connection.ensure_connection()
+    connection.close_at = time.monotonic() - 1  # past CONN_MAX_AGE
+    _close_old_database_connections()
+    assert connection.connection is None
+    connection.cursor().execute("SELECT 1")  # the next task reconnects
