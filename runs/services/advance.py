@@ -713,7 +713,13 @@ def _continue(ctx: StepContext, spans: ExitStack, batch: SpanBatch) -> None:
         setattr(ctx.run, name, value)
     spans.close()
     prepared = batch.prepare()
-    with recoverable_transaction():  # lost: recovery enqueues the step again
-        ctx.checkpoint(lease_owner="", lease_expires_at=None, step_token=uuid.uuid4())
-        batch.store(prepared)
-        step_dispatch_on_commit(ctx.run)
+    try:
+        with recoverable_transaction():  # lost: recovery enqueues the step again
+            ctx.checkpoint(
+                lease_owner="", lease_expires_at=None, step_token=uuid.uuid4()
+            )
+            batch.store(prepared)
+            step_dispatch_on_commit(ctx.run)
+    except BaseException:
+        batch.store(prepared)  # the step's spans outlive a lost lease
+        raise
