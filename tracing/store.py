@@ -142,29 +142,30 @@ def _payload_encode_cached(value: Any) -> tuple[str, str, int]:
 def _array_extended(
     value: str, recent: list[tuple[str, tuple[str, str, int]]]
 ) -> tuple[str, str, int] | None:
-    """The encoding of the JSON array `value` from a recent one it extends: the
-    same text up to its last element, then more elements. Redaction works
-    element by element, so only the new elements are parsed and redacted."""
-    for raw, (_, text, _) in recent:
-        prefix = raw[:-1]
-        extends = (
-            len(raw) > 2
-            and raw.endswith("]")
-            and text.startswith("[")  # not a truncated head
-            and value.startswith(prefix)
-            and value[len(prefix) : len(prefix) + 1] == ","
-        )
-        if not extends:
-            continue
-        try:
-            more = json.loads("[" + value[len(prefix) + 1 :])
-        except ValueError:
-            return None
-        if not isinstance(more, list) or not more:
-            return None
-        tail = json.dumps(redact(more), ensure_ascii=False, default=_json_default)
-        return _payload_of(text[:-1] + ", " + tail[1:])
-    return None
+    """The encoding of the JSON array `value` from the longest recent one it
+    extends: the same text up to its last element, then more elements.
+    Redaction works element by element, so only the new elements are parsed
+    and redacted."""
+    extended = [
+        (raw, text)
+        for raw, (_, text, _) in recent
+        if len(raw) > 2
+        and raw.endswith("]")
+        and text.startswith("[")  # not a truncated head
+        and value.startswith(raw[:-1])
+        and value[len(raw) - 1 : len(raw)] == ","
+    ]
+    if not extended:
+        return None
+    raw, text = max(extended, key=lambda found: len(found[0]))
+    try:
+        more = json.loads("[" + value[len(raw) :])
+    except ValueError:
+        return None
+    if not isinstance(more, list) or not more:
+        return None
+    tail = json.dumps(redact(more), ensure_ascii=False, default=_json_default)
+    return _payload_of(text[:-1] + ", " + tail[1:])
 
 
 # Payload digests by (span, attribute) with the raw value they were computed

@@ -52,3 +52,21 @@ def test_what_only_looks_like_an_extension_is_encoded_in_full() -> None:
     store._payload_encode_cached(first)
     for value in (first[:-1] + ", 1] trailing", first[:-1] + ", ]", first[:-1] + "}"):
         assert store._payload_encode_cached(value) == store.payload_encode(value)
+
+
+def test_the_longest_array_it_extends_is_the_one_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for count in (1, 6):
+        store._payload_encode_cached(json.dumps(messages(count)))
+    raw = json.dumps(messages(8))
+    expected = store.payload_encode(raw)
+    redacted: list[int] = []
+    fresh_redact = store.redact
+    monkeypatch.setattr(
+        store,
+        "redact",
+        lambda value: redacted.append(len(value)) or fresh_redact(value),
+    )
+    assert store._payload_encode_cached(raw) == expected
+    assert redacted == [2]  # the two new messages, not seven
