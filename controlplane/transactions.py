@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from django.db import connection, transaction
 
 __all__ = ["recoverable_transaction"]
+
+_SYNC_COMMIT_OFF = "SET LOCAL synchronous_commit = off"
 
 
 @contextlib.contextmanager
@@ -25,7 +28,32 @@ def recoverable_transaction() -> Iterator[None]:
     """
     outermost = not connection.in_atomic_block
     with transaction.atomic():
-        if outermost and connection.vendor == "postgresql":
+        if not (outermost and connection.vendor == "postgresql"):
+            yield
+        elif connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
             with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit = off")
-        yield
+                cursor.execute(_SYNC_COMMIT_OFF)
+            yield
+        else:
+            with connection.execute_wrapper(_with_first_statement(_SYNC_COMMIT_OFF)):
+                yield
+
+
+def _with_first_statement(sql: str) -> Callable[..., Any]:
+    """An execute wrapper that sends `sql` in the same round trip as the next
+    statement (client-side binding takes several statements at once) and hands
+    on that statement's result. A transaction that runs none commits durably."""
+    pending = True
+
+    def wrapper(
+        execute: Callable[..., Any], query: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        nonlocal pending
+        if not pending or many:
+            return execute(query, params, many, context)
+        pending = False
+        result = execute(f"{sql}; {query}", params, many, context)
+        context["cursor"].nextset()  # the result of `query`, not of `sql`
+        return result
+
+    return wrapper
