@@ -23,8 +23,9 @@ def _fields(model: type[Model], names: Sequence[str]) -> list[Any]:
     return [model._meta.get_field(name) for name in names]
 
 
-# Compiled SELECTs by (vendor, model, filtered fields, order, limit): the SQL text,
-# the filtered fields, the attribute names and each column's value converters.
+# Compiled SELECTs by shape (vendor, model, filtered fields and how each matches,
+# order, limit, loaded fields): the SQL text, the fields taking parameters, the
+# attribute names and each column's value converters.
 _Select = tuple[str, list[Any], list[str], list[tuple[Any, list[Any]]]]
 _selects: dict[tuple[Any, ...], _Select] = {}
 
@@ -37,8 +38,8 @@ def _select(
     limit: int,
     only: tuple[str, ...],
 ) -> _Select:
-    key = (connection.vendor, model, names, nulls, order_by, limit, only)
     # nulls[i]: True (IS NULL), False (= %s) or "or_null" (= %s OR IS NULL)
+    key = (connection.vendor, model, names, nulls, order_by, limit, only)
     found = _selects.get(key)
     if found is not None:
         return found
@@ -114,14 +115,14 @@ def instances_where(
     sql, filtered, attnames, columns = _select(
         model, tuple(equal), nulls, tuple(order_by), limit, tuple(only)
     )
-    values = [
+    matched = [
         value.value if isinstance(value, OrNull) else value
         for value in equal.values()
         if value is not None
     ]
     params = [
         field.get_db_prep_value(value, connection)
-        for field, value in zip(filtered, values, strict=True)
+        for field, value in zip(filtered, matched, strict=True)
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

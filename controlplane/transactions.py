@@ -28,20 +28,17 @@ def recoverable_transaction() -> Iterator[None]:
     """
     outermost = not connection.in_atomic_block
     with transaction.atomic():
-        if not (outermost and connection.vendor == "postgresql"):
-            yield
-        elif connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
-            with connection.cursor() as cursor:
-                cursor.execute(_SYNC_COMMIT_OFF)
-            yield
-        else:
+        if outermost and connection.vendor == "postgresql":
             with connection.execute_wrapper(_with_first_statement(_SYNC_COMMIT_OFF)):
                 yield
+        else:
+            yield
 
 
 def _with_first_statement(sql: str) -> Callable[..., Any]:
     """An execute wrapper that sends `sql` in the same round trip as the next
-    statement (client-side binding takes several statements at once) and hands
+    statement (Django's psycopg cursors bind client-side, so several statements
+    go in one execute) and hands
     on that statement's result. A transaction that runs none commits durably."""
     pending = True
 

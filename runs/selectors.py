@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 
 from controlplane.models import Tenant
-from controlplane.rows import instances_where
 from runs.models import Agent, Run, Step, ToolCall
 
 
@@ -44,12 +42,6 @@ def run_get_for(*, tenant: Tenant, run_id: str | uuid.UUID) -> Run | None:
         )
         .first()
     )
-
-
-def run_cancel_requested(run_id: Any) -> bool:
-    """Read now, not from the run the step holds (an operator may have asked)."""
-    found = instances_where(Run, {"id": run_id}, only=["cancel_requested"])
-    return bool(found and found[0].cancel_requested)
 
 
 def agent_list_for(*, tenant: Tenant) -> QuerySet[Agent]:

@@ -303,10 +303,9 @@ def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
     return PreparedSpans(prepared, pending, new_rows)
 
 
-def spans_write(prepared_spans: PreparedSpans) -> None:
+def spans_write(spans: PreparedSpans) -> None:
     """The database part of `spans_store`."""
-    prepared, pending = prepared_spans.writes, prepared_spans.payloads
-    new_rows = prepared_spans.new_rows
+    prepared, pending, new_rows = spans.writes, spans.payloads, spans.new_rows
     if not prepared:
         return
     with telemetry_transaction():

@@ -34,7 +34,7 @@ from controlplane.budget_services import (
     budget_run_ended,
     stop_reason_for,
 )
-from controlplane.rows import instances_insert
+from controlplane.rows import instances_insert, instances_where
 from controlplane.transactions import recoverable_transaction
 from runs.engine.actions import (
     FinalAnswer,
@@ -80,7 +80,6 @@ from runs.failpoints import failpoint
 from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
-from runs.selectors import run_cancel_requested
 from runs.services.lifecycle import (
     LeaseLost,
     counters_from_state,
@@ -627,7 +626,9 @@ def _after_calls(ctx: StepContext, step: Step, rows: list[ToolCallRow]) -> None:
 
 
 def _stop_if_cancelled(ctx: StepContext) -> None:
-    if run_cancel_requested(ctx.run.id):
+    # Read now, not from the run the step holds: an operator may have asked.
+    now = instances_where(Run, {"id": ctx.run.id}, only=["cancel_requested"])
+    if now and now[0].cancel_requested:
         _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
 
 

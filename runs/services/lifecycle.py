@@ -146,10 +146,9 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     A delivery whose token is stale, a run already finished or waiting, or a lease
     held (and not expired) by another delivery: nothing happens.
     """
-    found = instances_where(Run, {"id": run_id})
-    if not found or str(found[0].step_token) != step_token:
+    run = next(iter(instances_where(Run, {"id": run_id})), None)
+    if run is None or str(run.step_token) != step_token:
         return None
-    run = found[0]
     if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
         return None
     now = timezone.now()
