@@ -12,7 +12,8 @@ with its own connection, all on one tenant, so they contend for the same rows):
   * reserve + settle in calendar mode (the ledger's fast path: one statement for
     the reservation on the writer's slots of the day and the month plus the ledger
     insert, one for the settlement);
-  * the same in rolling mode (budget row lock, window sums, bucket update).
+  * the same in rolling mode (budget row lock, then window sums, checks, bucket
+    update and ledger insert in one statement, pipelined in one round trip).
 
 Plain and calendar rounds alternate, so a change in machine load hits both alike.
 

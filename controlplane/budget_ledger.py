@@ -16,7 +16,12 @@ it then refuses until the locked path is taken.
 
 Rolling mode. The budget row is locked (`SELECT ... FOR UPDATE`), the window's
 buckets are summed and checked, and the current buckets grow, in one transaction
-with the ledger row.
+with the ledger row. On PostgreSQL that transaction is two statements sent in
+one round trip (a pipeline): the lock, then the sums, the checks against the
+limits read under the lock, the counter updates and the ledger insert as one
+statement, whose snapshot is taken once the lock is held. The lock is then held
+for the server's work alone, not for a client's round trips; a refusal (or a
+budget edited meanwhile) takes the ORM path, which names the dimension.
 
 Grants. A run's approved extension of a period limit is its own row
 (`BudgetGrant`): once the tenant's limit refuses the run, the granted dimension
@@ -374,6 +379,10 @@ def _reserve(
     for _attempt in range(3):
         try:
             if budget.period_mode == Budget.PeriodMode.ROLLING:
+                if connection.vendor == "postgresql" and not funding:
+                    entry = _reserve_rolling_fast(budget, amounts, fields, now)
+                    if entry is not None:
+                        return entry
                 return _reserve_rolling(budget, amounts, fields, now, funding)
             return _reserve_calendar(budget, amounts, fields, now, funding)
         except _Stale:
@@ -484,15 +493,14 @@ def _typed(amounts: Amounts, prefix: str) -> dict[str, Any]:
     }
 
 
-def _reserve_fast(
-    budget: Budget, amounts: Amounts, fields: dict[str, Any], counter_ids: list[int]
-) -> BudgetLedgerEntry | None:
-    """One statement on the writer's own slots; None if a slot is short (or its
-    quotas are from another budget version): the locked path decides then."""
-    entry = BudgetLedgerEntry(counter_ids=counter_ids, **fields)
+def _entry_params(
+    entry: BudgetLedgerEntry, fields: dict[str, Any], amounts: Amounts
+) -> dict[str, Any]:
+    """The parameters of the ledger insert and of the two counter updates."""
     run_id = fields["run_id"]
     step = fields["step_index"]
-    params = {
+    counter_ids = entry.counter_ids
+    return {
         "id": entry.id,
         "tenant": fields["tenant_id"],
         "run": run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id)),
@@ -501,11 +509,19 @@ def _reserve_fast(
         "kind": str(fields["kind"]),
         "reserved": json.dumps(fields["reserved"]),
         "counters": f"[{counter_ids[0]}, {counter_ids[1]}]",
-        "version": Int4(budget.version),
         "c0": Int8(counter_ids[0]),
         "c1": Int8(counter_ids[1]),
         **_typed(amounts, "a"),
     }
+
+
+def _reserve_fast(
+    budget: Budget, amounts: Amounts, fields: dict[str, Any], counter_ids: list[int]
+) -> BudgetLedgerEntry | None:
+    """One statement on the writer's own slots; None if a slot is short (or its
+    quotas are from another budget version): the locked path decides then."""
+    entry = BudgetLedgerEntry(counter_ids=counter_ids, **fields)
+    params = {**_entry_params(entry, fields, amounts), "version": Int4(budget.version)}
 
     def run() -> bool:
         cursor = _raw_cursor()
@@ -700,6 +716,100 @@ def _reserve_rolling(
         return BudgetLedgerEntry.objects.create(
             counter_ids=[ids[p] for p in PERIODS], funding=funding, **fields
         )
+
+
+# The window sums of the budget's tenant, taken by a statement that starts once
+# the budget row is locked: every reservation before it is counted.
+_ROLLING_CTES = """
+lim AS (SELECT period_limits AS pl FROM {budget}
+        WHERE id = %(budget)s::bigint AND period_mode = 'rolling'),
+{windows},
+{updates}
+"""
+
+
+def _reserve_rolling_statement() -> str:
+    counter = BudgetCounter._meta.db_table
+    windows = ",\n".join(
+        f"w{i} AS (SELECT "
+        + ", ".join(
+            f"coalesce(sum(used_{n} + reserved_{n}), 0) AS {n}"
+            for n in PERIOD_DIMENSIONS
+        )
+        + f" FROM {counter} WHERE tenant_id = %(tenant)s::uuid"
+        f" AND period = '{period}' AND bucket_start >= %(oldest{i})s::timestamptz)"
+        for i, period in enumerate(PERIODS)
+    )
+    sets = ", ".join(
+        f"reserved_{n} = reserved_{n} + {_param('a', n)}" for n in PERIOD_DIMENSIONS
+    )
+
+    def conds(i: int, period: str) -> str:
+        return " AND ".join(
+            f"({_param('a', n)} = 0"
+            f" OR (SELECT pl FROM lim) -> '{period}' ->> '{n}' IS NULL"
+            f" OR (SELECT {n} FROM w{i}) + {_param('a', n)}"
+            f" <= ((SELECT pl FROM lim) -> '{period}' ->> '{n}')::numeric)"
+            for n in PERIOD_DIMENSIONS
+        )
+
+    updates = ",\n".join(
+        f"c{i} AS (UPDATE {counter} SET {sets} WHERE id = %(c{i})s::bigint"
+        f" AND EXISTS (SELECT 1 FROM lim) AND {conds(i, period)} RETURNING 1)"
+        for i, period in enumerate(PERIODS)
+    )
+    ctes = _ROLLING_CTES.format(
+        budget=Budget._meta.db_table, windows=windows, updates=updates
+    )
+    return _RESERVE_SQL.format(ctes=ctes, ledger=BudgetLedgerEntry._meta.db_table)
+
+
+_RESERVE_ROLLING = _reserve_rolling_statement()
+_LOCK_BUDGET = (
+    f"SELECT 1 FROM {Budget._meta.db_table} WHERE id = %(budget)s::bigint FOR UPDATE"
+)
+
+
+def _reserve_rolling_fast(
+    budget: Budget, amounts: Amounts, fields: dict[str, Any], now: dt.datetime
+) -> BudgetLedgerEntry | None:
+    """The budget row lock and one statement that checks the windows and reserves,
+    in one round trip; None if a limit refuses (the ORM path then says which)."""
+    mode = budget.period_mode
+    counter_ids = [
+        _bucket_ids(budget.tenant_id, p, bucket_start(mode, p, now), 1)[0]
+        for p in PERIODS
+    ]
+    entry = BudgetLedgerEntry(counter_ids=counter_ids, **fields)
+    params = {
+        **_entry_params(entry, fields, amounts),
+        "budget": Int8(budget.id),
+        **{
+            f"oldest{i}": bucket_start(mode, p, now - ROLLING_WINDOWS[p])
+            for i, p in enumerate(PERIODS)
+        },
+    }
+    lock = {"budget": Int8(budget.id)}
+    cursor = _raw_cursor()
+    try:
+        if connection.in_atomic_block:  # a savepoint the refusal rolls back to
+            with transaction.atomic():
+                cursor.execute(_LOCK_BUDGET, lock, prepare=_prepare())
+                cursor.execute(_RESERVE_ROLLING, params, prepare=_prepare())
+                inserted = cursor.rowcount == 1
+        else:
+            raw = connection.connection
+            locker = psycopg.Cursor(raw)
+            with raw.pipeline(), raw.transaction():
+                locker.execute(_LOCK_BUDGET, lock, prepare=_prepare())
+                cursor.execute(_RESERVE_ROLLING, params, prepare=_prepare())
+            inserted = cursor.rowcount == 1
+    except psycopg.errors.DivisionByZero:
+        inserted = False  # one period had room and the other not: undone
+    if not inserted:
+        return None
+    entry._state.adding = False
+    return entry
 
 
 # ---------------------------------------------------------------- settle

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import uuid
@@ -263,3 +264,62 @@ def test_a_bucket_deleted_behind_the_cache_is_created_again(tenant, make_budget,
     assert isinstance(entry, BudgetLedgerEntry)
     sums = [counter_sums(period).reserved_runs for period in ("day", "month")]
     assert sums == [1, 1]
+
+
+def _no_orm_path(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the rolling reservation took the ORM path")
+
+
+@pytest.mark.parametrize("in_transaction", [False, True])
+@pytest.mark.django_db(transaction=True)
+def test_rolling_reservation_is_one_round_trip_on_postgresql(
+    tenant, make_budget, monkeypatch, in_transaction
+):
+    """On PostgreSQL a rolling reservation that fits never needs the ORM path;
+    one that does not fit changes nothing and names its dimension."""
+    from controlplane import budget_ledger
+
+    budget = make_budget(
+        tenant, period_mode="rolling", period_limits={"day": {"input_tokens": 100}}
+    )
+    if connection.vendor == "postgresql":
+        monkeypatch.setattr(budget_ledger, "_reserve_rolling", _no_orm_path)
+    from django.db import transaction
+
+    with transaction.atomic() if in_transaction else contextlib.nullcontext():
+        entry = budget_reserve(
+            budget=budget, run_id=uuid.uuid4(), kind="model_call",
+            amounts=Amounts(input_tokens=60),
+        )  # fmt: skip
+    assert isinstance(entry, BudgetLedgerEntry)
+    assert BudgetLedgerEntry.objects.get(id=entry.id).status == "reserved"
+    assert counter_sums("day").reserved_input_tokens == 60
+    assert counter_sums("month").reserved_input_tokens == 60
+    monkeypatch.undo()
+    refused = budget_reserve(
+        budget=budget, run_id=uuid.uuid4(), kind="model_call",
+        amounts=Amounts(input_tokens=60),
+    )  # fmt: skip
+    assert isinstance(refused, BudgetRefusal)
+    assert refused.dimension == "tenant_input_tokens_per_day"
+    assert BudgetLedgerEntry.objects.count() == 1
+    assert counter_sums("day").reserved_input_tokens == 60
+    assert counter_sums("month").reserved_input_tokens == 60
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rolling_reservation_reads_the_limits_under_the_lock(tenant, make_budget):
+    """A limit lowered after the caller read the budget holds the reservation."""
+    budget = make_budget(
+        tenant, period_mode="rolling", period_limits={"day": {"input_tokens": 100}}
+    )
+    type(budget).objects.filter(id=budget.id).update(
+        period_limits={"day": {"input_tokens": 50}}
+    )
+    refused = budget_reserve(
+        budget=budget, run_id=uuid.uuid4(), kind="model_call",
+        amounts=Amounts(input_tokens=60),
+    )  # fmt: skip
+    assert isinstance(refused, BudgetRefusal)
+    assert BudgetLedgerEntry.objects.count() == 0
+    assert counter_sums("day").reserved_input_tokens == 0
