@@ -53,7 +53,10 @@ class Launcher:
         self.redis_url = redis_url
         self.out = out
         self.out_lock = threading.Lock()
-        self.stopping = threading.Event()
+        # A plain flag, not a threading.Event: a signal handler sets it, and
+        # Event.set() takes a lock that the interrupted main thread may hold
+        # (inside Event.wait), which deadlocked `make run` on SIGTERM.
+        self.stop_requested = False
         self.redis: EmbeddedRedis | None = None
         python = sys.executable
         self.children = [
@@ -126,7 +129,7 @@ class Launcher:
         url = f"http://{self.host}:{self.port}/healthz"
         deadline = time.monotonic() + timeout
         body = "no answer"
-        while time.monotonic() < deadline and not self.stopping.is_set():
+        while time.monotonic() < deadline and not self.stop_requested:
             try:
                 with urllib.request.urlopen(url, timeout=3) as response:
                     return True, response.read().decode()
@@ -140,26 +143,31 @@ class Launcher:
 
     def supervise_once(self) -> None:
         for child in self.children:
-            if self.stopping.is_set() or child.process is None:
+            if self.stop_requested or child.process is None:
                 return
             code = child.process.poll()
             if code is None:
                 continue
             if child.restarts >= MAX_RESTARTS:
                 self.say("dev", f"{child.name} exited ({code}) too often; stopping")
-                self.stopping.set()
+                self.stop_requested = True
                 return
             child.restarts += 1
             self.say("dev", f"{child.name} exited ({code}); restarting")
             _kill_group(child.process, signal.SIGKILL)  # leftovers of its tree
             self._spawn(child)
 
+    def request_stop(self) -> None:
+        """Safe in a signal handler: it takes no lock."""
+        self.stop_requested = True
+
     def run_until_stopped(self) -> None:
-        while not self.stopping.wait(0.5):
+        while not self.stop_requested:
             self.supervise_once()
+            time.sleep(0.5)  # a signal cuts it short (PEP 475 resumes it)
 
     def stop(self) -> None:
-        self.stopping.set()
+        self.stop_requested = True
         for child in reversed(self.children):
             if child.process is not None and child.process.poll() is None:
                 self.say("dev", f"stopping {child.name}")
@@ -186,6 +194,9 @@ def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
 
 
 def install_stop_handlers(stop: Callable[[], None]) -> None:
+    """SIGINT and SIGTERM call `stop`, which must take no lock (see
+    `Launcher.request_stop`)."""
+
     def handler(signum: int, frame: object) -> None:
         stop()
 

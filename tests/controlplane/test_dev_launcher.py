@@ -87,3 +87,38 @@ def test_dev_launcher_becomes_healthy_and_stops_every_child(tmp_path):
         assert prefix in output
     time.sleep(0.5)
     assert [pid for pid in children if alive(pid)] == []
+
+
+def test_signals_stop_the_supervisor_loop_even_in_a_storm(tmp_path):
+    """SIGTERM ends `run_until_stopped` whatever the main thread was doing: the
+    handler only sets a flag (an Event.set() there once deadlocked `make run` when
+    the signal landed while the loop held the Event's lock)."""
+    import io
+    import threading
+
+    from controlplane.launcher import Launcher, install_stop_handlers
+
+    launcher = Launcher(
+        base_dir=tmp_path, host="127.0.0.1", port=free_local_port(),
+        redis_url="redis://unused", worker_concurrency=1, out=io.StringIO(),
+    )  # fmt: skip
+    launcher.children = []  # nothing to supervise: only the loop and the signals
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    install_stop_handlers(launcher.request_stop)
+
+    def storm() -> None:
+        for _ in range(200):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.0005)
+
+    try:
+        sender = threading.Thread(target=storm)
+        started = time.monotonic()
+        sender.start()
+        launcher.run_until_stopped()
+        sender.join()
+        assert launcher.stop_requested
+        assert time.monotonic() - started < 5
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -36,7 +36,7 @@ class Command(BaseCommand):
             worker_concurrency=options["concurrency"],
             out=sys.stdout,
         )
-        install_stop_handlers(launcher.stopping.set)
+        install_stop_handlers(launcher.request_stop)
         try:
             launcher.start()
             healthy, body = launcher.wait_healthy(timeout=120)
@@ -48,7 +48,7 @@ class Command(BaseCommand):
                         "Ctrl-C stops everything.\n"
                     )
                 )
-            elif not launcher.stopping.is_set():
+            elif not launcher.stop_requested:
                 self.stderr.write(f"Not healthy after 120 s at {url}healthz: {body}")
             launcher.run_until_stopped()
         finally:
