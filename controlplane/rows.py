@@ -10,13 +10,23 @@ written here have no signals and no save() overrides.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 from django.db import connection
 from django.db.models import Model
+from psycopg.types.json import Json, Jsonb
 
-__all__ = ["OrNull", "instances_insert", "instances_where", "row_update", "rows_insert"]
+__all__ = [
+    "OrNull",
+    "Statement",
+    "instances_insert",
+    "instances_where",
+    "row_update",
+    "row_update_statement",
+    "rows_insert",
+]
 
 
 def _fields(model: type[Model], names: Sequence[str]) -> list[Any]:
@@ -173,19 +183,35 @@ def rows_insert(
         return [found[0] for found in cursor.fetchall()] if returning else []
 
 
-def row_update(
+class Statement(NamedTuple):
+    """SQL with its parameters already converted by the fields: built before a
+    transaction, so that on SQLite the one write lock covers only running it."""
+
+    sql: str
+    params: list[Any]
+
+    def run(self) -> int:
+        """Execute; the number of rows changed."""
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, self.params)
+            return int(cursor.rowcount)
+
+
+def row_update_statement(
     model: type[Model],
     pk: Any,
     values: Mapping[str, Any],
     *,
     where: Mapping[str, Any] | None = None,
-) -> int:
-    """UPDATE one row by primary key (and the `where` equalities); rows changed."""
+    where_not_in: Mapping[str, Collection[Any]] | None = None,
+) -> Statement:
+    """UPDATE one row by primary key, the `where` equalities and the fields not in
+    `where_not_in`'s values (fields that are never NULL)."""
     fields = _fields(model, list(values))
     quote = connection.ops.quote_name
     sets = ", ".join(f"{quote(field.column)} = %s" for field in fields)
     params = [
-        field.get_db_prep_save(value, connection)
+        _encoded_now(field.get_db_prep_save(value, connection))
         for field, value in zip(fields, values.values(), strict=True)
     ]
     key: Any = model._meta.pk
@@ -195,13 +221,41 @@ def row_update(
                             strict=True):  # fmt: skip
         conditions.append(f"{quote(field.column)} = %s")
         params.append(field.get_db_prep_value(value, connection))
+    for name, excluded in (where_not_in or {}).items():
+        field = cast(Any, model._meta.get_field(name))
+        conditions.append(
+            f"{quote(field.column)} NOT IN ({', '.join(['%s'] * len(excluded))})"
+        )
+        params.extend(field.get_db_prep_value(value, connection) for value in excluded)
     sql = (
         f"UPDATE {quote(model._meta.db_table)} SET {sets} "
         f"WHERE {' AND '.join(conditions)}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return int(cursor.rowcount)
+    return Statement(sql, params)
+
+
+def _encoded_now(value: Any) -> Any:
+    """psycopg's JSON wrappers encode when the statement runs; a prepared
+    statement holds the value as it was when prepared."""
+    if isinstance(value, Json | Jsonb):
+        dumps = value.dumps or json.dumps
+        return type(value)(dumps(value.obj), dumps=_as_is)
+    return value
+
+
+def _as_is(text: Any) -> Any:
+    return text
+
+
+def row_update(
+    model: type[Model],
+    pk: Any,
+    values: Mapping[str, Any],
+    *,
+    where: Mapping[str, Any] | None = None,
+) -> int:
+    """UPDATE one row by primary key (and the `where` equalities); rows changed."""
+    return row_update_statement(model, pk, values, where=where).run()
 
 
 def instances_insert(instances: Sequence[Model]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -34,7 +33,12 @@ from controlplane.budget_services import (
     budget_run_ended,
     stop_reason_for,
 )
-from controlplane.rows import instances_insert, instances_where
+from controlplane.rows import (
+    Statement,
+    instances_insert,
+    instances_where,
+    row_update_statement,
+)
 from controlplane.transactions import recoverable_transaction
 from runs.engine.actions import (
     FinalAnswer,
@@ -82,11 +86,13 @@ from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
 from runs.services.lifecycle import (
     LeaseLost,
+    RunSave,
     counters_from_state,
     lease_acquire,
     lease_release,
     run_finish_fields,
     run_save,
+    run_save_prepare,
     step_dispatch_on_commit,
 )
 from tracing.processor import SpanBatch, span_batch
@@ -132,7 +138,7 @@ class StepContext:
     base_wall_seconds: float
     # Results recorded in the transcript, to be stored on their rows by the
     # step's next write (see `_record`).
-    unsaved_results: list[Callable[[], object]] = field(default_factory=list)
+    unsaved_results: list[Statement] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return self.base_wall_seconds + time.monotonic() - self.started
@@ -140,18 +146,37 @@ class StepContext:
     def save_results(self) -> None:
         writes, self.unsaved_results = self.unsaved_results, []
         for write in writes:
-            write()
+            write.run()
 
-    def checkpoint(self, **changes: Any) -> None:
-        """Persist the results, engine state and counters (CAS as the lease holder)."""
-        self.save_results()
+    def checkpoint_prepare(self, **changes: Any) -> Checkpoint:
+        """The checkpoint's writes with their values converted (the engine state
+        encoded as it is now): prepared before the transaction that runs them."""
         self.state.usage = self.state.usage.with_wall_seconds(self.elapsed())
-        run_save(
+        results, self.unsaved_results = self.unsaved_results, []
+        save = run_save_prepare(
             self.run,
-            engine_state=self.state.to_dict(copy=False),  # serialised by the write
+            engine_state=self.state.to_dict(copy=False),  # encoded here
             **counters_from_state(self.state),
             **changes,
         )
+        return Checkpoint(results, save)
+
+    def checkpoint(self, **changes: Any) -> None:
+        """Persist the results, engine state and counters (CAS as the lease holder)."""
+        self.checkpoint_prepare(**changes).execute()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A step's checkpoint, prepared: its recorded results, then the run's row."""
+
+    results: list[Statement]
+    save: RunSave
+
+    def execute(self) -> None:
+        for statement in self.results:
+            statement.run()
+        self.save.execute()
 
 
 def run_advance(
@@ -307,13 +332,14 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
                     effect=str(tool.contract.effective_effect) if tool else "",
                 )
             )
+    checkpoint = ctx.checkpoint_prepare()
     with recoverable_transaction():  # lost in a database crash: the step re-runs
         instances_insert([step])
         for row in rows:
             row.step = step  # its key is known now
         instances_insert(rows)
         # The assistant's action is on record before any tool runs.
-        ctx.checkpoint()
+        checkpoint.execute()
     failpoint("after_action_persisted")
     return step, action, rows
 
@@ -607,10 +633,8 @@ def _record(
     # A final row keeps its result: a replay writes the same, and a worker that
     # lost the lease meanwhile must not overwrite what the new holder decided.
     ctx.unsaved_results.append(
-        lambda: (
-            ToolCallRow.objects.filter(id=row.id)
-            .exclude(status__in=FINAL_CALL_STATUSES)
-            .update(**fields)
+        row_update_statement(
+            ToolCallRow, row.id, fields, where_not_in={"status": FINAL_CALL_STATUSES}
         )
     )
     row.status = status
@@ -714,11 +738,12 @@ def _continue(ctx: StepContext, spans: ExitStack, batch: SpanBatch) -> None:
         setattr(ctx.run, name, value)
     spans.close()
     prepared = batch.prepare()
+    checkpoint = ctx.checkpoint_prepare(
+        lease_owner="", lease_expires_at=None, step_token=uuid.uuid4()
+    )
     try:
         with recoverable_transaction():  # lost: recovery enqueues the step again
-            ctx.checkpoint(
-                lease_owner="", lease_expires_at=None, step_token=uuid.uuid4()
-            )
+            checkpoint.execute()
             batch.store(prepared)
             step_dispatch_on_commit(ctx.run)
     except BaseException:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from django.conf import settings
@@ -20,7 +21,12 @@ from controlplane.budget_services import (
     tenant_run_ceiling,
 )
 from controlplane.models import Tenant
-from controlplane.rows import instances_where, row_update
+from controlplane.rows import (
+    Statement,
+    instances_where,
+    row_update,
+    row_update_statement,
+)
 from controlplane.services import audit_record
 from controlplane.transactions import recoverable_transaction
 from runs.engine.loop import AgentConfig, EngineState
@@ -179,24 +185,43 @@ class LeaseLost(Exception):
     """Another writer took the run; this step stops before writing anything more."""
 
 
-def run_save(run: Run, **changes: Any) -> None:
-    """Write run fields as the lease holder (CAS on version); raises LeaseLost."""
+@dataclass(frozen=True)
+class RunSave:
+    """A write of run fields as the lease holder, its statement prepared (values
+    converted, the engine state encoded) before the transaction that runs it."""
+
+    run: Run
+    changes: dict[str, Any]
+    statement: Statement
+
+    def execute(self) -> None:
+        """Run it (compare-and-set on version); raises LeaseLost."""
+        if not self.statement.run():
+            raise LeaseLost(str(self.run.id))
+        for name, value in self.changes.items():
+            setattr(self.run, name, value)
+
+
+def run_save_prepare(run: Run, **changes: Any) -> RunSave:
+    """The write `run_save` makes; the run must not change before it runs."""
     changes["version"] = run.version + 1
     changes.setdefault(
         "lease_expires_at",
         timezone.now() + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
     )
     changes["updated_at"] = timezone.now()
-    won = row_update(
+    statement = row_update_statement(
         Run,
         run.id,
         changes,
         where={"version": run.version, "lease_owner": run.lease_owner},
     )
-    if not won:
-        raise LeaseLost(str(run.id))
-    for name, value in changes.items():
-        setattr(run, name, value)
+    return RunSave(run, changes, statement)
+
+
+def run_save(run: Run, **changes: Any) -> None:
+    """Write run fields as the lease holder (CAS on version); raises LeaseLost."""
+    run_save_prepare(run, **changes).execute()
 
 
 def lease_release(run: Run) -> None:

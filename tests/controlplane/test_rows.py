@@ -10,7 +10,7 @@ from django.db.models import Q
 from django.forms.models import model_to_dict
 
 from controlplane.budget_models import ModelPriceEntry
-from controlplane.rows import OrNull, instances_where, row_update
+from controlplane.rows import OrNull, instances_where, row_update, row_update_statement
 from runs.models import Agent, Run
 from runs.services import run_start
 
@@ -84,3 +84,26 @@ def test_a_conditional_update_changes_only_a_matching_row(run: Run) -> None:
     won = row_update(Run, run.id, {"lease_owner": "x"}, where={"version": run.version})
     assert won == 1
     assert Run.objects.get(id=run.id).lease_owner == "x"
+
+
+def test_a_prepared_update_runs_later_and_skips_excluded_values(run: Run) -> None:
+    """`row_update_statement` converts the values when built (the engine state
+    as it was then), and `where_not_in` leaves a row whose field is excluded."""
+    state = {"messages": [{"role": "user", "content": "hi"}]}
+    statement = row_update_statement(
+        Run, run.id, {"engine_state": state, "status": "running"},
+        where_not_in={"status": ["succeeded", "failed"]},
+    )  # fmt: skip
+    state["messages"].append({"role": "assistant", "content": "later"})
+    assert Run.objects.get(id=run.id).status != "running"  # nothing ran yet
+    assert statement.run() == 1
+    stored = Run.objects.get(id=run.id)
+    assert stored.status == "running"
+    assert stored.engine_state == {"messages": [{"role": "user", "content": "hi"}]}
+    Run.objects.filter(id=run.id).update(status="succeeded")
+    again = row_update_statement(
+        Run, run.id, {"status": "running"},
+        where_not_in={"status": ["succeeded", "failed"]},
+    )  # fmt: skip
+    assert again.run() == 0
+    assert Run.objects.get(id=run.id).status == "succeeded"
