@@ -164,7 +164,7 @@ class Launcher:
     def run_until_stopped(self) -> None:
         while not self.stop_requested:
             self.supervise_once()
-            time.sleep(0.5)  # a signal cuts it short (PEP 475 resumes it)
+            time.sleep(0.5)  # so a stop signal is seen within half a second
 
     def stop(self) -> None:
         self.stop_requested = True

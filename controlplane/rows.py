@@ -222,6 +222,8 @@ def row_update_statement(
         conditions.append(f"{quote(field.column)} = %s")
         params.append(field.get_db_prep_value(value, connection))
     for name, excluded in (where_not_in or {}).items():
+        if not excluded:
+            continue
         field = cast(Any, model._meta.get_field(name))
         conditions.append(
             f"{quote(field.column)} NOT IN ({', '.join(['%s'] * len(excluded))})"

@@ -9,7 +9,7 @@ import uuid
 from decimal import Decimal
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 
 from controlplane.budget_ledger import (
     Amounts,
@@ -272,7 +272,7 @@ def _no_orm_path(*args: object, **kwargs: object) -> None:
 
 @pytest.mark.parametrize("in_transaction", [False, True])
 @pytest.mark.django_db(transaction=True)
-def test_rolling_reservation_is_one_round_trip_on_postgresql(
+def test_rolling_reservation_that_fits_takes_the_pipelined_path(
     tenant, make_budget, monkeypatch, in_transaction
 ):
     """On PostgreSQL a rolling reservation that fits never needs the ORM path;
@@ -284,8 +284,6 @@ def test_rolling_reservation_is_one_round_trip_on_postgresql(
     )
     if connection.vendor == "postgresql":
         monkeypatch.setattr(budget_ledger, "_reserve_rolling", _no_orm_path)
-    from django.db import transaction
-
     with transaction.atomic() if in_transaction else contextlib.nullcontext():
         entry = budget_reserve(
             budget=budget, run_id=uuid.uuid4(), kind="model_call",
