@@ -35,6 +35,7 @@ import datetime as dt
 import json
 import os
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 from typing import Any
@@ -800,7 +801,9 @@ def _reserve_rolling_fast(
         else:
             raw = connection.connection
             locker = psycopg.Cursor(raw)
-            with raw.pipeline(), raw.transaction():
+            # One round trip where libpq can pipeline (14+), two otherwise.
+            batch = raw.pipeline() if psycopg.Pipeline.is_supported() else nullcontext()
+            with batch, raw.transaction():
                 locker.execute(_LOCK_BUDGET, lock, prepare=_prepare())
                 cursor.execute(_RESERVE_ROLLING, params, prepare=_prepare())
             inserted = cursor.rowcount == 1

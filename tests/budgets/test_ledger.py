@@ -270,13 +270,18 @@ def _no_orm_path(*args: object, **kwargs: object) -> None:
     raise AssertionError("the rolling reservation took the ORM path")
 
 
-@pytest.mark.parametrize("in_transaction", [False, True])
+@pytest.mark.parametrize(
+    "in_transaction, pipeline", [(False, True), (True, True), (False, False)]
+)
 @pytest.mark.django_db(transaction=True)
 def test_rolling_reservation_that_fits_takes_the_pipelined_path(
-    tenant, make_budget, monkeypatch, in_transaction
+    tenant, make_budget, monkeypatch, in_transaction, pipeline
 ):
-    """On PostgreSQL a rolling reservation that fits never needs the ORM path;
-    one that does not fit changes nothing and names its dimension."""
+    """On PostgreSQL a rolling reservation that fits never needs the ORM path
+    (with libpq's pipeline or without); one that does not fit changes nothing
+    and names its dimension."""
+    import psycopg
+
     from controlplane import budget_ledger
 
     budget = make_budget(
@@ -284,6 +289,7 @@ def test_rolling_reservation_that_fits_takes_the_pipelined_path(
     )
     if connection.vendor == "postgresql":
         monkeypatch.setattr(budget_ledger, "_reserve_rolling", _no_orm_path)
+        monkeypatch.setattr(psycopg.Pipeline, "is_supported", lambda: pipeline)
     with transaction.atomic() if in_transaction else contextlib.nullcontext():
         entry = budget_reserve(
             budget=budget, run_id=uuid.uuid4(), kind="model_call",
