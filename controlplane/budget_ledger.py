@@ -138,9 +138,13 @@ def bucket_start(mode: str, period: str, now: dt.datetime) -> dt.datetime:
 def window_filter(mode: str, period: str, now: dt.datetime) -> Q:
     """The buckets that count for `period` at `now` (conservative at the edges)."""
     if mode == Budget.PeriodMode.ROLLING:
-        oldest = bucket_start(mode, period, now - ROLLING_WINDOWS[period])
-        return Q(period=period, bucket_start__gte=oldest)
+        return Q(period=period, bucket_start__gte=_window_oldest(mode, period, now))
     return Q(period=period, bucket_start=bucket_start(mode, period, now))
+
+
+def _window_oldest(mode: str, period: str, now: dt.datetime) -> dt.datetime:
+    """The start of the oldest bucket in `period`'s rolling window at `now`."""
+    return bucket_start(mode, period, now - ROLLING_WINDOWS[period])
 
 
 def _limits_from(period_limits: dict[str, Any] | None, period: str) -> dict[str, Any]:
@@ -678,9 +682,8 @@ def _reserve_rolling(
     now: dt.datetime,
     funding: list[dict[str, Any]],
 ) -> BudgetLedgerEntry | BudgetRefusal:
+    ids = dict(zip(PERIODS, _rolling_counter_ids(budget, now), strict=True))
     mode = budget.period_mode
-    ids = {p: _bucket_ids(budget.tenant_id, p, bucket_start(mode, p, now), 1)[0]
-           for p in PERIODS}  # fmt: skip
     with transaction.atomic():
         locked = (
             Budget.objects.select_for_update()
@@ -776,43 +779,44 @@ def _reserve_rolling_fast(
 ) -> BudgetLedgerEntry | None:
     """The budget row lock and one statement that checks the windows and reserves,
     in one round trip; None if a limit refuses (the ORM path then says which)."""
-    mode = budget.period_mode
-    counter_ids = [
-        _bucket_ids(budget.tenant_id, p, bucket_start(mode, p, now), 1)[0]
-        for p in PERIODS
-    ]
-    entry = BudgetLedgerEntry(counter_ids=counter_ids, **fields)
+    entry = BudgetLedgerEntry(counter_ids=_rolling_counter_ids(budget, now), **fields)
     params = {
         **_entry_params(entry, fields, amounts),
         "budget": Int8(budget.id),
         **{
-            f"oldest{i}": bucket_start(mode, p, now - ROLLING_WINDOWS[p])
+            f"oldest{i}": _window_oldest(budget.period_mode, p, now)
             for i, p in enumerate(PERIODS)
         },
     }
-    lock = {"budget": Int8(budget.id)}
+    lock = {"budget": params["budget"]}
     cursor = _raw_cursor()
     try:
         if connection.in_atomic_block:  # a savepoint the refusal rolls back to
-            with transaction.atomic():
-                cursor.execute(_LOCK_BUDGET, lock, prepare=_prepare())
-                cursor.execute(_RESERVE_ROLLING, params, prepare=_prepare())
-                inserted = cursor.rowcount == 1
-        else:
+            transact: Any = transaction.atomic()
+            batch: Any = nullcontext()
+        else:  # one round trip where libpq can pipeline (14+), two otherwise
             raw = connection.connection
-            locker = psycopg.Cursor(raw)
-            # One round trip where libpq can pipeline (14+), two otherwise.
+            transact = raw.transaction()
             batch = raw.pipeline() if psycopg.Pipeline.is_supported() else nullcontext()
-            with batch, raw.transaction():
-                locker.execute(_LOCK_BUDGET, lock, prepare=_prepare())
-                cursor.execute(_RESERVE_ROLLING, params, prepare=_prepare())
-            inserted = cursor.rowcount == 1
+        with batch, transact:
+            cursor.execute(_LOCK_BUDGET, lock, prepare=_prepare())
+            cursor.execute(_RESERVE_ROLLING, params, prepare=_prepare())
+        inserted = cursor.rowcount == 1
     except psycopg.errors.DivisionByZero:
         inserted = False  # one period had room and the other not: undone
     if not inserted:
         return None
     entry._state.adding = False
     return entry
+
+
+def _rolling_counter_ids(budget: Budget, now: dt.datetime) -> list[int]:
+    """The current day and month buckets' counters (one slot each)."""
+    mode = budget.period_mode
+    return [
+        _bucket_ids(budget.tenant_id, p, bucket_start(mode, p, now), 1)[0]
+        for p in PERIODS
+    ]
 
 
 # ---------------------------------------------------------------- settle

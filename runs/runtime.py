@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.utils.module_loading import import_string
@@ -19,6 +19,9 @@ from runs.evaluators import evaluator_for
 from runs.models import Agent, Run
 from runs.tools.registry import tool_registry_for
 
+if TYPE_CHECKING:
+    from controlplane.budget_models import Budget
+
 
 @dataclass(frozen=True)
 class RunRuntime:
@@ -29,7 +32,7 @@ class RunRuntime:
     limits: BudgetLimits
     evaluator: Evaluator | None
     price_known: bool = True
-    budget: Any = None  # the tenant's Budget row at the step's start, if any
+    budget: Budget | None = None  # the tenant's, read at the step's start
 
 
 def effective_limits(

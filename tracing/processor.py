@@ -124,8 +124,7 @@ class SpanBatch:
         try:
             return spans_prepare(writes)
         except Exception:  # noqa: BLE001 - tracing never breaks a run
-            logger.warning("tracing: could not store %d span records", len(writes),
-                           exc_info=True)  # fmt: skip
+            _not_stored(len(writes))
             return None
 
     def store(self, prepared: PreparedSpans | None) -> None:
@@ -134,8 +133,7 @@ class SpanBatch:
         try:
             spans_write(prepared)
         except Exception:  # noqa: BLE001 - tracing never breaks a run
-            logger.warning("tracing: could not store %d span records",
-                           len(prepared.writes), exc_info=True)  # fmt: skip
+            _not_stored(len(prepared.writes))
 
     def flush_from_timer(self) -> None:
         """`flush` on a timer's thread, with a database connection of its own."""
@@ -145,6 +143,10 @@ class SpanBatch:
             self.flush()
         finally:
             connections.close_all()  # this thread's only
+
+
+def _not_stored(count: int) -> None:
+    logger.warning("tracing: could not store %d span records", count, exc_info=True)
 
 
 _batch: contextvars.ContextVar[SpanBatch | None] = contextvars.ContextVar(
@@ -201,9 +203,8 @@ def span_batch_flush_if_slow() -> Iterator[None]:
 
 
 def span_batch_flush() -> None:
-    """Store what the current batch holds: call before a slow call (a model, a
-    tool) so its span is visible while it runs, and inside the transaction that
-    ends a step so its last records commit with it."""
+    """Store what the current batch holds (before a long-lived span's write, so
+    the events keep their order)."""
     batch = _batch.get()
     if batch is not None:
         batch.flush()

@@ -651,8 +651,8 @@ def _after_calls(ctx: StepContext, step: Step, rows: list[ToolCallRow]) -> None:
 
 def _stop_if_cancelled(ctx: StepContext) -> None:
     # Read now, not from the run the step holds: an operator may have asked.
-    now = instances_where(Run, {"id": ctx.run.id}, only=["cancel_requested"])
-    if now and now[0].cancel_requested:
+    fresh = instances_where(Run, {"id": ctx.run.id}, only=["cancel_requested"])
+    if fresh and fresh[0].cancel_requested:
         _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
 
 
