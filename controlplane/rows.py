@@ -26,6 +26,7 @@ __all__ = [
     "row_update",
     "row_update_statement",
     "rows_insert",
+    "rows_insert_statement",
 ]
 
 
@@ -160,6 +161,25 @@ def rows_insert(
     their primary keys in insertion order (as bulk_create relies on too)."""
     if not rows:
         return []
+    statement = rows_insert_statement(
+        model, names, rows, returning=returning, ignore_conflicts=ignore_conflicts
+    )
+    if returning:
+        return statement.returned()
+    statement.run()
+    return []
+
+
+def rows_insert_statement(
+    model: type[Model],
+    names: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    returning: bool = True,
+    ignore_conflicts: bool = False,
+) -> Statement:
+    """`rows_insert`'s statement, its values converted now (`rows` not empty);
+    `returning`: it returns the primary keys (`Statement.returned`)."""
     fields = _fields(model, names)
     quote = connection.ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
@@ -174,13 +194,11 @@ def rows_insert(
         key: Any = model._meta.pk
         sql += f" RETURNING {quote(key.column)}"
     params = [
-        field.get_db_prep_save(value, connection)
+        _encoded_now(field.get_db_prep_save(value, connection))
         for row in rows
         for field, value in zip(fields, row, strict=True)
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [found[0] for found in cursor.fetchall()] if returning else []
+    return Statement(sql, params)
 
 
 class Statement(NamedTuple):
@@ -195,6 +213,12 @@ class Statement(NamedTuple):
         with connection.cursor() as cursor:
             cursor.execute(self.sql, self.params)
             return int(cursor.rowcount)
+
+    def returned(self) -> list[Any]:
+        """Execute; the first column of each row it returns (RETURNING)."""
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, self.params)
+            return [found[0] for found in cursor.fetchall()]
 
 
 def row_update_statement(

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.rows import row_update, rows_insert
+from controlplane.rows import Statement, row_update, rows_insert_statement
 from controlplane.transactions import recoverable_transaction
 from runs.models import Run
 from tracing.models import RunEvent, Span, SpanPayload
@@ -278,8 +278,10 @@ class PreparedSpans:
     """Span writes with their payloads encoded and new rows built (no database)."""
 
     writes: list[tuple[SpanWrite, dict[str, Any], dict[str, str]]]
-    payloads: dict[tuple[Any, str], SpanPayload]
     new_rows: dict[int, Span]  # by handle
+    # Their inserts, values converted (payload bodies, attributes, times).
+    payload_insert: Statement | None
+    span_insert: Statement | None
 
 
 def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
@@ -300,31 +302,36 @@ def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
         end = ends.get(id(write.handle))
         record = end.record if end is not None else write.record
         new_rows[id(write.handle)] = _leased_row(write, record, attributes, payloads)
-    return PreparedSpans(prepared, pending, new_rows)
+    payload_insert = span_insert = None
+    if pending:
+        payload_insert = rows_insert_statement(
+            SpanPayload,
+            ["tenant", "sha256", "size", "content", "created_at"],
+            [[p.tenant_id, p.sha256, p.size, p.content, timezone.now()]
+             for p in pending.values()],
+            returning=False,
+            ignore_conflicts=True,
+        )  # fmt: skip
+    if new_rows:
+        span_insert = rows_insert_statement(
+            Span,
+            _SPAN_COLUMNS,
+            [[getattr(row, attname) for attname in _SPAN_ATTNAMES]
+             for row in new_rows.values()],
+        )  # fmt: skip
+    return PreparedSpans(prepared, new_rows, payload_insert, span_insert)
 
 
 def spans_write(spans: PreparedSpans) -> None:
     """The database part of `spans_store`."""
-    prepared, pending, new_rows = spans.writes, spans.payloads, spans.new_rows
+    prepared, new_rows = spans.writes, spans.new_rows
     if not prepared:
         return
     with telemetry_transaction():
-        if pending:
-            rows_insert(
-                SpanPayload,
-                ["tenant", "sha256", "size", "content", "created_at"],
-                [[p.tenant_id, p.sha256, p.size, p.content, timezone.now()]
-                 for p in pending.values()],
-                returning=False,
-                ignore_conflicts=True,
-            )  # fmt: skip
-        if new_rows:
-            pks = rows_insert(
-                Span,
-                _SPAN_COLUMNS,
-                [[getattr(row, attname) for attname in _SPAN_ATTNAMES]
-                 for row in new_rows.values()],
-            )  # fmt: skip
+        if spans.payload_insert is not None:
+            spans.payload_insert.run()
+        if spans.span_insert is not None:
+            pks = spans.span_insert.returned()
             for new, pk in zip(new_rows.values(), pks, strict=True):
                 new.pk = pk
         events: dict[tuple[Any, Any], list[tuple[str, dict[str, Any]]]] = {}
