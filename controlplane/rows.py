@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 from django.db import connection
@@ -21,7 +22,9 @@ from psycopg.types.json import Json, Jsonb
 __all__ = [
     "OrNull",
     "Statement",
+    "InstancesInsert",
     "instances_insert",
+    "instances_insert_prepare",
     "instances_where",
     "row_update",
     "row_update_statement",
@@ -287,18 +290,60 @@ def row_update(
 def instances_insert(instances: Sequence[Model]) -> None:
     """Insert unsaved instances of one model in one statement, as `create()` would
     (field defaults and auto_now_add applied; the primary key set on each)."""
+    if instances:
+        instances_insert_prepare(instances).execute()
+
+
+@dataclass(frozen=True)
+class InstancesInsert:
+    """`instances_insert`, prepared: its statement built and values converted
+    before the transaction that runs it. A `late` field is read from the
+    instances when it runs (a key that an insert in the transaction makes)."""
+
+    instances: Sequence[Model]
+    statement: Statement
+    generated: bool  # an auto-increment key comes back
+    width: int  # values per row
+    late: list[tuple[int, Any]]  # (position in a row, field)
+
+    def execute(self) -> None:
+        if not self.instances:
+            return
+        params = self.statement.params
+        for index, obj in enumerate(self.instances):
+            for position, field in self.late:
+                value = getattr(obj, field.attname)
+                params[index * self.width + position] = field.get_db_prep_save(
+                    value, connection
+                )
+        key: Any = self.instances[0]._meta.pk
+        if self.generated:
+            pks = self.statement.returned()
+            for obj, pk in zip(self.instances, pks, strict=True):
+                setattr(obj, key.attname, pk)
+        else:
+            self.statement.run()
+        for obj in self.instances:
+            obj._state.adding = False
+            obj._state.db = connection.alias
+
+
+def instances_insert_prepare(
+    instances: Sequence[Model], *, late: Sequence[str] = ()
+) -> InstancesInsert:
+    """`instances_insert`'s work that needs no database; `late`: field names whose
+    values are read when it runs."""
     if not instances:
-        return
+        return InstancesInsert(instances, Statement("", []), False, 0, [])
     meta = instances[0]._meta
     key: Any = meta.pk
-    generated = key.db_returning  # an auto-increment key comes back
+    generated = key.db_returning
     fields = [f for f in meta.concrete_fields if not (generated and f is key)]
     rows = [[field.pre_save(obj, True) for field in fields] for obj in instances]
-    pks = rows_insert(
+    statement = rows_insert_statement(
         type(instances[0]), [f.name for f in fields], rows, returning=generated
     )
-    for index, obj in enumerate(instances):
-        if generated:
-            setattr(obj, key.attname, pks[index])
-        obj._state.adding = False
-        obj._state.db = connection.alias
+    positions = [
+        (index, field) for index, field in enumerate(fields) if field.name in late
+    ]
+    return InstancesInsert(instances, statement, generated, len(fields), positions)

@@ -35,7 +35,7 @@ from controlplane.budget_services import (
 )
 from controlplane.rows import (
     Statement,
-    instances_insert,
+    instances_insert_prepare,
     instances_where,
     row_update_statement,
 )
@@ -332,12 +332,15 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
                     effect=str(tool.contract.effective_effect) if tool else "",
                 )
             )
+    # Built before the transaction (on SQLite it holds the one write lock).
+    step_insert = instances_insert_prepare([step])
+    calls_insert = instances_insert_prepare(rows, late=["step"])
     checkpoint = ctx.checkpoint_prepare()
     with recoverable_transaction():  # lost in a database crash: the step re-runs
-        instances_insert([step])
+        step_insert.execute()
         for row in rows:
             row.step = step  # its key is known now
-        instances_insert(rows)
+        calls_insert.execute()
         # The assistant's action is on record before any tool runs.
         checkpoint.execute()
     failpoint("after_action_persisted")
