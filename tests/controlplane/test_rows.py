@@ -10,8 +10,15 @@ from django.db.models import Q
 from django.forms.models import model_to_dict
 
 from controlplane.budget_models import ModelPriceEntry
-from controlplane.rows import OrNull, instances_where, row_update, row_update_statement
-from runs.models import Agent, Run
+from controlplane.rows import (
+    OrNull,
+    instances_insert_prepare,
+    instances_where,
+    row_update,
+    row_update_statement,
+    rows_insert_statement,
+)
+from runs.models import Agent, Run, Step, ToolCall
 from runs.services import run_start
 
 
@@ -107,3 +114,49 @@ def test_a_prepared_update_runs_later_and_skips_excluded_values(run: Run) -> Non
     )  # fmt: skip
     assert again.run() == 0
     assert Run.objects.get(id=run.id).status == "succeeded"
+
+
+def test_a_prepared_insert_stores_the_values_it_was_built_with(run: Run) -> None:
+    """`rows_insert_statement` converts when built; `returned` gives the keys."""
+    from django.utils import timezone
+
+    from tracing.models import RunEvent
+
+    payload = {"text": "first"}
+    statement = rows_insert_statement(
+        RunEvent, ["run", "seq", "type", "payload", "created_at"],
+        [[run.id, 100, "x", payload, timezone.now()],
+         [run.id, 101, "x", {}, timezone.now()]],
+    )  # fmt: skip
+    payload["text"] = "changed after"
+    assert not RunEvent.objects.filter(run=run, seq__gte=100).exists()  # not run yet
+    pks = statement.returned()
+    stored = list(RunEvent.objects.filter(run=run, seq__gte=100).order_by("seq"))
+    assert [e.pk for e in stored] == pks
+    assert stored[0].payload == {"text": "first"}
+
+
+def test_a_prepared_instances_insert_reads_its_late_fields_when_it_runs(
+    run: Run,
+) -> None:
+    """The tool calls' insert is built before the step has a key; `late` reads
+    the key when the insert runs, and the rows equal what the ORM would store."""
+    from django.utils import timezone
+
+    step = Step(run=run, index=0, reply={"text": "x"}, started_at=timezone.now())
+    calls = [
+        ToolCall(run=run, step=step, position=p, call_id=f"c{p}", tool_name="echo",
+                 args={"text": str(p)})
+        for p in range(2)
+    ]  # fmt: skip
+    step_insert = instances_insert_prepare([step])
+    calls_insert = instances_insert_prepare(calls, late=["step"])
+    step_insert.execute()
+    assert step.pk is not None and step._state.adding is False
+    for call in calls:
+        call.step = step
+    calls_insert.execute()
+    stored = list(ToolCall.objects.filter(run=run).order_by("position"))
+    assert [c.step_id for c in stored] == [step.pk, step.pk]
+    assert [fields_of(c) for c in stored] == [fields_of(c) for c in calls]
+    assert all(c._state.adding is False for c in calls)
