@@ -20,9 +20,9 @@ from django.db.models import Model
 from psycopg.types.json import Json, Jsonb
 
 __all__ = [
+    "InstancesInsert",
     "OrNull",
     "Statement",
-    "InstancesInsert",
     "instances_insert",
     "instances_insert_prepare",
     "instances_where",
