@@ -24,7 +24,6 @@ from controlplane.models import Tenant
 from controlplane.rows import (
     Statement,
     instances_where,
-    row_update,
     row_update_statement,
 )
 from controlplane.services import audit_record
@@ -170,8 +169,10 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     }
     if run.started_at is None:
         changes["started_at"] = now
+    # Built before the transaction (on SQLite it holds the one write lock).
+    take = row_update_statement(Run, run.id, changes, where={"version": run.version})
     with recoverable_transaction():  # lost in a database crash: taken again
-        won = row_update(Run, run.id, changes, where={"version": run.version})
+        won = take.run()
     if not won:
         return None
     taken_over = bool(run.lease_owner)
