@@ -153,6 +153,7 @@ def control_plane(database_url: str | None) -> dict[str, Any]:
             default_limits={"max_steps": steps + 5, "max_tool_calls": steps + 5},
         )  # fmt: skip
 
+    db = "PostgreSQL" if database_url else "SQLite"
     gaps: list[float] = []
     single_seconds = 0.0
     one: list[float] = []
@@ -171,7 +172,6 @@ def control_plane(database_url: str | None) -> dict[str, Any]:
             two.append(throughput(tenant))
         finally:
             workers.stop()
-        db = "PostgreSQL" if database_url else "SQLite"
         print(f"  {db} round {index + 1}/{ROUNDS}: 1 worker {one[-1]:.1f} "
               f"steps/s, 2 workers {two[-1]:.1f} steps/s", file=sys.stderr,
               flush=True)  # fmt: skip

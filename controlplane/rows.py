@@ -290,8 +290,7 @@ def row_update(
 def instances_insert(instances: Sequence[Model]) -> None:
     """Insert unsaved instances of one model in one statement, as `create()` would
     (field defaults and auto_now_add applied; the primary key set on each)."""
-    if instances:
-        instances_insert_prepare(instances).execute()
+    instances_insert_prepare(instances).execute()
 
 
 @dataclass(frozen=True)
@@ -303,17 +302,17 @@ class InstancesInsert:
     instances: Sequence[Model]
     statement: Statement
     generated: bool  # an auto-increment key comes back
-    width: int  # values per row
     late: list[tuple[int, Any]]  # (position in a row, field)
 
     def execute(self) -> None:
         if not self.instances:
             return
         params = self.statement.params
+        width = len(params) // len(self.instances)  # values per row
         for index, obj in enumerate(self.instances):
             for position, field in self.late:
                 value = getattr(obj, field.attname)
-                params[index * self.width + position] = field.get_db_prep_save(
+                params[index * width + position] = field.get_db_prep_save(
                     value, connection
                 )
         key: Any = self.instances[0]._meta.pk
@@ -334,7 +333,7 @@ def instances_insert_prepare(
     """`instances_insert`'s work that needs no database; `late`: field names whose
     values are read when it runs."""
     if not instances:
-        return InstancesInsert(instances, Statement("", []), False, 0, [])
+        return InstancesInsert(instances, Statement("", []), False, [])
     meta = instances[0]._meta
     key: Any = meta.pk
     generated = key.db_returning
@@ -346,4 +345,4 @@ def instances_insert_prepare(
     positions = [
         (index, field) for index, field in enumerate(fields) if field.name in late
     ]
-    return InstancesInsert(instances, statement, generated, len(fields), positions)
+    return InstancesInsert(instances, statement, generated, positions)
