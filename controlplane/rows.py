@@ -30,6 +30,7 @@ __all__ = [
     "row_update_statement",
     "rows_insert",
     "rows_insert_statement",
+    "statements_run",
 ]
 
 
@@ -224,6 +225,23 @@ class Statement(NamedTuple):
             return [found[0] for found in cursor.fetchall()]
 
 
+def statements_run(statements: Sequence[Statement]) -> list[int]:
+    """Run the statements in order; the rows each changed. On PostgreSQL they go
+    in one round trip: Django's psycopg cursors bind parameters client-side, so
+    one execute may hold several statements, each with its own result."""
+    if len(statements) < 2 or connection.vendor != "postgresql":
+        return [statement.run() for statement in statements]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "; ".join(statement.sql for statement in statements),
+            [param for statement in statements for param in statement.params],
+        )
+        counts = [int(cursor.rowcount)]
+        while cursor.nextset():
+            counts.append(int(cursor.rowcount))
+    return counts
+
+
 def row_update_statement(
     model: type[Model],
     pk: Any,
@@ -305,8 +323,20 @@ class InstancesInsert:
     late: list[tuple[int, Any]]  # (position in a row, field)
 
     def execute(self) -> None:
-        if not self.instances:
+        statements = self.ready()
+        if not statements:
             return
+        if self.generated:
+            self.saved(statements[0].returned())
+        else:
+            statements[0].run()
+            self.saved()
+
+    def ready(self) -> list[Statement]:
+        """Its statement (none if there is nothing to insert), the late fields
+        read now: to run with others (`statements_run`), then call `saved`."""
+        if not self.instances:
+            return []
         params = self.statement.params
         width = len(params) // len(self.instances)  # values per row
         for index, obj in enumerate(self.instances):
@@ -315,13 +345,14 @@ class InstancesInsert:
                 params[index * width + position] = field.get_db_prep_save(
                     value, connection
                 )
-        key: Any = self.instances[0]._meta.pk
+        return [self.statement]
+
+    def saved(self, pks: Sequence[Any] = ()) -> None:
+        """Mark the instances stored, with the keys the insert generated."""
         if self.generated:
-            pks = self.statement.returned()
+            key: Any = self.instances[0]._meta.pk
             for obj, pk in zip(self.instances, pks, strict=True):
                 setattr(obj, key.attname, pk)
-        else:
-            self.statement.run()
         for obj in self.instances:
             obj._state.adding = False
             obj._state.db = connection.alias

@@ -8,7 +8,9 @@ from typing import Any
 
 from django.db import connection, transaction
 
-__all__ = ["recoverable_transaction"]
+from controlplane.rows import Statement, statements_run
+
+__all__ = ["recoverable_transaction", "recoverable_write"]
 
 _SYNC_COMMIT_OFF = "SET LOCAL synchronous_commit = off"
 
@@ -33,6 +35,19 @@ def recoverable_transaction() -> Iterator[None]:
                 yield
         else:
             yield
+
+
+def recoverable_write(statement: Statement) -> int:
+    """One write statement as a recoverable transaction of its own (see
+    `recoverable_transaction`); the rows it changed. Outside a transaction it is
+    one round trip on PostgreSQL (the setting and the write go together, as one
+    implicit transaction) and one statement on SQLite, instead of BEGIN and
+    COMMIT around it. Inside one, it joins the caller's."""
+    if connection.in_atomic_block:
+        return statement.run()
+    if connection.vendor == "postgresql":
+        return statements_run([Statement(_SYNC_COMMIT_OFF, []), statement])[-1]
+    return statement.run()
 
 
 def _with_first_statement(sql: str) -> Callable[..., Any]:

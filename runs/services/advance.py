@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -38,6 +39,7 @@ from controlplane.rows import (
     instances_insert_prepare,
     instances_where,
     row_update_statement,
+    statements_run,
 )
 from controlplane.transactions import recoverable_transaction
 from runs.engine.actions import (
@@ -145,8 +147,7 @@ class StepContext:
 
     def save_results(self) -> None:
         writes, self.unsaved_results = self.unsaved_results, []
-        for write in writes:
-            write.run()
+        statements_run(writes)
 
     def checkpoint_prepare(self, **changes: Any) -> Checkpoint:
         """The checkpoint's writes with their values converted (the engine state
@@ -173,10 +174,10 @@ class Checkpoint:
     results: list[Statement]
     save: RunSave
 
-    def execute(self) -> None:
-        for statement in self.results:
-            statement.run()
-        self.save.execute()
+    def execute(self, first: Sequence[Statement] = ()) -> None:
+        """Run `first`, then the checkpoint (on PostgreSQL in one round trip)."""
+        changed = statements_run([*first, *self.results, self.save.statement])
+        self.save.settle(changed[-1])
 
 
 def run_advance(
@@ -340,9 +341,9 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
         step_insert.execute()
         for row in rows:
             row.step = step  # its key is known now
-        calls_insert.execute()
         # The assistant's action is on record before any tool runs.
-        checkpoint.execute()
+        checkpoint.execute(first=calls_insert.ready())
+        calls_insert.saved()
     failpoint("after_action_persisted")
     return step, action, rows
 
@@ -747,8 +748,11 @@ def _continue(ctx: StepContext, spans: ExitStack, batch: SpanBatch) -> None:
     try:
         with recoverable_transaction():  # lost: recovery enqueues the step again
             checkpoint.execute()
-            batch.store(prepared)
+            # Its commit hook runs first: the next step is enqueued before the
+            # span events are handed to the broadcast thread, which would
+            # compete with the enqueue for the interpreter.
             step_dispatch_on_commit(ctx.run)
+            batch.store(prepared)
     except BaseException:
         batch.store(prepared)  # the step's spans outlive a lost lease
         raise

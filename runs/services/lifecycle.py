@@ -27,7 +27,7 @@ from controlplane.rows import (
     row_update_statement,
 )
 from controlplane.services import audit_record
-from controlplane.transactions import recoverable_transaction
+from controlplane.transactions import recoverable_write
 from runs.engine.loop import AgentConfig, EngineState
 from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason
@@ -171,9 +171,7 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
         changes["started_at"] = now
     # Built before the transaction (on SQLite it holds the one write lock).
     take = row_update_statement(Run, run.id, changes, where={"version": run.version})
-    with recoverable_transaction():  # lost in a database crash: taken again
-        won = take.run()
-    if not won:
+    if not recoverable_write(take):  # lost in a database crash: taken again
         return None
     taken_over = bool(run.lease_owner)
     for name, value in changes.items():
@@ -197,7 +195,11 @@ class RunSave:
 
     def execute(self) -> None:
         """Run it (compare-and-set on version); raises LeaseLost."""
-        if not self.statement.run():
+        self.settle(self.statement.run())
+
+    def settle(self, changed: int) -> None:
+        """After its statement ran, changing `changed` rows: raises LeaseLost."""
+        if not changed:
             raise LeaseLost(str(self.run.id))
         for name, value in self.changes.items():
             setattr(self.run, name, value)

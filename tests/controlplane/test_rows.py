@@ -17,6 +17,7 @@ from controlplane.rows import (
     row_update,
     row_update_statement,
     rows_insert_statement,
+    statements_run,
 )
 from runs.models import Agent, Run, Step, ToolCall
 from runs.services import run_start
@@ -160,3 +161,28 @@ def test_a_prepared_instances_insert_reads_its_late_fields_when_it_runs(
     assert [c.step_id for c in stored] == [step.pk, step.pk]
     assert [fields_of(c) for c in stored] == [fields_of(c) for c in calls]
     assert all(c._state.adding is False for c in calls)
+
+
+def test_statements_run_in_order_and_report_each_ones_rows(run: Run) -> None:
+    """On PostgreSQL in one round trip; each statement's own row count."""
+    from django.db import connection
+
+    sent: list[str] = []
+
+    def recording(execute: Any, sql: str, *args: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, *args)
+
+    statements = [
+        row_update_statement(Run, run.id, {"lease_owner": "a"}),
+        row_update_statement(Run, run.id, {"lease_owner": "lost"},
+                             where={"version": run.version + 5}),
+        row_update_statement(Run, run.id, {"stop_detail": "b"},
+                             where={"lease_owner": "a"}),
+    ]  # fmt: skip
+    with connection.execute_wrapper(recording):
+        assert statements_run(statements) == [1, 0, 1]
+    assert len(sent) == (1 if connection.vendor == "postgresql" else 3)
+    stored = Run.objects.get(id=run.id)
+    assert (stored.lease_owner, stored.stop_detail) == ("a", "b")
+    assert statements_run([]) == []

@@ -1,5 +1,6 @@
-"""recoverable_transaction: on PostgreSQL its commit does not wait for the WAL
-flush (set in the round trip of its first statement); results are unchanged."""
+"""recoverable_transaction and recoverable_write: on PostgreSQL their commit does
+not wait for the WAL flush (set in the round trip of the first statement);
+results are unchanged."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from controlplane.rows import row_update, rows_insert
-from controlplane.transactions import recoverable_transaction
+from controlplane.rows import row_update, row_update_statement, rows_insert
+from controlplane.transactions import recoverable_transaction, recoverable_write
 from runs.models import Agent
 from tracing.models import SpanPayload
 
@@ -57,3 +58,50 @@ def test_it_is_durable_inside_a_durable_transaction_and_rolls_back(tenant: Any) 
         raise RuntimeError
     assert Agent.objects.get(pk=agent.pk).name == "b"
     assert synchronous_commit() in (None, "on")  # it was local to that transaction
+
+
+def executes() -> tuple[list[str], Any]:
+    sent: list[str] = []
+
+    def wrapper(execute: Any, sql: str, *args: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, *args)
+
+    return sent, connection.execute_wrapper(wrapper)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_recoverable_write_is_its_own_transaction_in_one_round_trip(
+    tenant: Any,
+) -> None:
+    agent = Agent.objects.create(
+        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
+    )
+    sent, recording = executes()
+    with recording:
+        won = recoverable_write(
+            row_update_statement(Agent, agent.pk, {"name": "b"}, where={"slug": "a"})
+        )
+        lost = recoverable_write(
+            row_update_statement(Agent, agent.pk, {"name": "c"}, where={"slug": "x"})
+        )
+    assert (won, lost) == (1, 0)
+    assert Agent.objects.get(pk=agent.pk).name == "b"  # committed, not "c"
+    assert len(sent) == 2  # one execute each: no BEGIN or COMMIT of its own
+    if connection.vendor == "postgresql":
+        assert sent[0].startswith("SET LOCAL synchronous_commit = off; UPDATE")
+    assert not connection.in_atomic_block
+    assert synchronous_commit() in (None, "on")  # local to its own transaction
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_recoverable_write_inside_a_transaction_rolls_back_with_it(
+    tenant: Any,
+) -> None:
+    agent = Agent.objects.create(
+        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
+    )
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert recoverable_write(row_update_statement(Agent, agent.pk, {"name": "b"}))
+        raise RuntimeError
+    assert Agent.objects.get(pk=agent.pk).name == "a"
