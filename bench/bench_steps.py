@@ -5,7 +5,7 @@ Measured in one run, side by side:
   * LangGraph running an equivalent 50-node scripted agent on its SQLite checkpointer;
   * our control plane: a 50-step scripted run with a no-op tool on one real Celery
     worker, on SQLite and on PostgreSQL (BENCH_POSTGRES_URL, when reachable);
-  * throughput of 20 concurrent 10-step runs on one worker and on two.
+  * throughput of 20 concurrent 25-step runs on one worker and on two.
 
 Per-step overhead is the time between consecutive model calls: with a scripted
 model and a no-op tool, everything in between is the control plane.
@@ -26,7 +26,7 @@ from bench.django_env import BASE_DIR, percentile
 
 STEPS = 50
 CONCURRENT_RUNS = 20
-CONCURRENT_STEPS = 10
+CONCURRENT_STEPS = 25  # long enough that starting the runs weighs little
 ROUNDS = 3
 DEFAULT_POSTGRES = "postgres://postgres@127.0.0.1:5432/bench_controlplane"
 

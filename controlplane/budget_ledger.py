@@ -57,7 +57,7 @@ from controlplane.budget_models import (
     BudgetLedgerEntry,
 )
 from controlplane.models import Tenant
-from controlplane.rows import instances_where
+from controlplane.rows import Select, instances_select
 
 ROLLING_WINDOWS = {"day": dt.timedelta(hours=24), "month": dt.timedelta(days=30)}
 # Slots per calendar bucket on PostgreSQL; SQLite serialises writers anyway.
@@ -1018,6 +1018,14 @@ def window_usage(
 
 
 def budget_of(tenant: Tenant | Any) -> Budget | None:
+    return budget_found(budget_select(tenant).run())
+
+
+def budget_select(tenant: Tenant | Any) -> Select:
+    """`budget_of`'s query, to run with others; `budget_found` reads its result."""
     tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
-    found = instances_where(Budget, {"tenant": tenant_id}, limit=1)
+    return instances_select(Budget, {"tenant": tenant_id}, limit=1)
+
+
+def budget_found(found: list[Any]) -> Budget | None:
     return found[0] if found else None

@@ -22,9 +22,11 @@ from psycopg.types.json import Json, Jsonb
 __all__ = [
     "InstancesInsert",
     "OrNull",
+    "Select",
     "Statement",
     "instances_insert",
     "instances_insert_prepare",
+    "instances_select",
     "instances_where",
     "row_update",
     "row_update_statement",
@@ -123,6 +125,20 @@ def instances_where(
     compiled once per shape. `order_by`: field names, `-` for descending; a None
     value matches NULL, `OrNull(value)` the value or NULL; `only`: the fields to
     load (and the key), as `.only()`."""
+    return instances_select(
+        model, equal, order_by=order_by, limit=limit, only=only
+    ).run()
+
+
+def instances_select(
+    model: type[Model],
+    equal: Mapping[str, Any],
+    *,
+    order_by: Sequence[str] = (),
+    limit: int = 0,
+    only: Sequence[str] = (),
+) -> Select:
+    """`instances_where`'s query, to run later or with others (`statements_run`)."""
     nulls = tuple(
         "or_null" if isinstance(value, OrNull) else value is None
         for value in equal.values()
@@ -139,18 +155,34 @@ def instances_where(
         field.get_db_prep_value(value, connection)
         for field, value in zip(filtered, matched, strict=True)
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    found = []
-    for row in rows:
-        values = []
-        for value, (column, converters) in zip(row, columns, strict=True):
-            for convert in converters:
-                value = convert(value, column, connection)
-            values.append(value)
-        found.append(model.from_db(connection.alias, attnames, values))
-    return found
+    return Select(sql, params, model, attnames, columns)
+
+
+class Select(NamedTuple):
+    """A SELECT of model instances (`instances_select`)."""
+
+    sql: str
+    params: list[Any]
+    model: type[Model]
+    attnames: list[str]
+    columns: list[tuple[Any, list[Any]]]  # each column's value converters
+
+    def run(self) -> list[Any]:
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, self.params)
+            return self.result(cursor)
+
+    def result(self, cursor: Any) -> list[Any]:
+        """The instances in the cursor's current result."""
+        found = []
+        for row in cursor.fetchall():
+            values = []
+            for value, (column, converters) in zip(row, self.columns, strict=True):
+                for convert in converters:
+                    value = convert(value, column, connection)
+                values.append(value)
+            found.append(self.model.from_db(connection.alias, self.attnames, values))
+        return found
 
 
 def rows_insert(
@@ -202,15 +234,17 @@ def rows_insert_statement(
         for row in rows
         for field, value in zip(fields, row, strict=True)
     ]
-    return Statement(sql, params)
+    return Statement(sql, params, returns=returning)
 
 
 class Statement(NamedTuple):
     """SQL with its parameters already converted by the fields: built before a
-    transaction, so that on SQLite the one write lock covers only running it."""
+    transaction, so that on SQLite the one write lock covers only running it.
+    `returns`: it returns keys (INSERT ... RETURNING)."""
 
     sql: str
     params: list[Any]
+    returns: bool = False
 
     def run(self) -> int:
         """Execute; the number of rows changed."""
@@ -224,22 +258,36 @@ class Statement(NamedTuple):
             cursor.execute(self.sql, self.params)
             return [found[0] for found in cursor.fetchall()]
 
+    def result(self, cursor: Any) -> Any:
+        """The keys it returned, or else the number of rows it changed."""
+        if self.returns:
+            return [found[0] for found in cursor.fetchall()]
+        return int(cursor.rowcount)
 
-def statements_run(statements: Sequence[Statement]) -> list[int]:
-    """Run the statements in order; the rows each changed. On PostgreSQL they go
-    in one round trip: Django's psycopg cursors bind parameters client-side, so
-    one execute may hold several statements, each with its own result."""
+
+def statements_run(statements: Sequence[Statement | Select]) -> list[Any]:
+    """Run the statements in order; each one's result: the rows a write changed,
+    the keys an insert returned, the instances a select found. On PostgreSQL
+    they go in one round trip: Django's psycopg cursors bind parameters
+    client-side, so one execute may hold several statements, each with its own
+    result."""
     if len(statements) < 2 or connection.vendor != "postgresql":
-        return [statement.run() for statement in statements]
+        results = []
+        for statement in statements:
+            with connection.cursor() as cursor:
+                cursor.execute(statement.sql, statement.params)
+                results.append(statement.result(cursor))
+        return results
     with connection.cursor() as cursor:
         cursor.execute(
             "; ".join(statement.sql for statement in statements),
             [param for statement in statements for param in statement.params],
         )
-        counts = [int(cursor.rowcount)]
-        while cursor.nextset():
-            counts.append(int(cursor.rowcount))
-    return counts
+        results = [statements[0].result(cursor)]
+        for statement in statements[1:]:
+            cursor.nextset()
+            results.append(statement.result(cursor))
+    return results
 
 
 def row_update_statement(

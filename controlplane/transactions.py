@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from controlplane.rows import Statement, statements_run
+from controlplane.rows import Select, Statement, statements_run
 
 __all__ = ["recoverable_transaction", "recoverable_write"]
 
@@ -37,17 +37,16 @@ def recoverable_transaction() -> Iterator[None]:
             yield
 
 
-def recoverable_write(statement: Statement) -> int:
+def recoverable_write(write: Statement, *reads: Select) -> list[Any]:
     """One write statement as a recoverable transaction of its own (see
-    `recoverable_transaction`); the rows it changed. Outside a transaction it is
-    one round trip on PostgreSQL (the setting and the write go together, as one
-    implicit transaction) and one statement on SQLite, instead of BEGIN and
-    COMMIT around it. Inside one, it joins the caller's."""
-    if connection.in_atomic_block:
-        return statement.run()
-    if connection.vendor == "postgresql":
-        return statements_run([Statement(_SYNC_COMMIT_OFF, []), statement])[-1]
-    return statement.run()
+    `recoverable_transaction`), then `reads`; the rows the write changed, then
+    what each read found. Outside a transaction it is one round trip on
+    PostgreSQL (the setting, the write and the reads go together, as one
+    implicit transaction) and one write statement on SQLite, instead of BEGIN
+    and COMMIT around it. Inside one, it joins the caller's."""
+    if connection.in_atomic_block or connection.vendor != "postgresql":
+        return statements_run([write, *reads])
+    return statements_run([Statement(_SYNC_COMMIT_OFF, []), write, *reads])[1:]
 
 
 def _with_first_statement(sql: str) -> Callable[..., Any]:

@@ -84,8 +84,10 @@ def model_adapter_for(agent: Agent, *, replies_consumed: int) -> ModelAdapter:
     )
 
 
-def runtime_for(run: Run, *, replies_consumed: int) -> RunRuntime:
-    from controlplane.budget_ledger import budget_of
+def runtime_for(
+    run: Run, *, replies_consumed: int, budget: Budget | None
+) -> RunRuntime:
+    """`budget`: the run's tenant's (`budget_of`), read by the caller."""
     from controlplane.budget_services import (
         limits_with_extensions,
         model_price_for,
@@ -94,7 +96,6 @@ def runtime_for(run: Run, *, replies_consumed: int) -> RunRuntime:
 
     agent = run.agent
     price = model_price_for(model=agent.model, tenant_id=run.tenant_id)
-    budget = budget_of(run.tenant_id)
     # A ceiling lowered mid-run applies from the next step on; approved budget
     # extensions raise the caps from there.
     limits = limits_with_extensions(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.budget_ledger import budget_of
 from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.loop import ApprovalResolution, run_in_process
 from runs.engine.tools import Tool, ToolContext, ToolRegistry
@@ -52,7 +53,7 @@ def run_replay(*, run: Run) -> ReplayReport:
     steps = list(run.step_rows.order_by("index"))
     calls = {row.call_id: row for row in ToolCall.objects.filter(run=run)}
     results = {cid: row.result for cid, row in calls.items() if row.result is not None}
-    runtime = runtime_for(run, replies_consumed=0)
+    runtime = runtime_for(run, replies_consumed=0, budget=budget_of(run.tenant_id))
     registry = ToolRegistry([_recorded_tool(t, results) for t in runtime.registry])
     from runs.engine.adapters.scripted import ScriptedModel
 

@@ -19,7 +19,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.rows import Statement, row_update, rows_insert_statement
+from controlplane.rows import (
+    Statement,
+    row_update,
+    rows_insert_statement,
+    statements_run,
+)
 from controlplane.transactions import recoverable_transaction
 from runs.models import Run
 from tracing.models import RunEvent, Span, SpanPayload
@@ -328,11 +333,10 @@ def spans_write(spans: PreparedSpans) -> None:
     if not prepared:
         return
     with telemetry_transaction():
-        if spans.payload_insert is not None:
-            spans.payload_insert.run()
+        inserts = [i for i in (spans.payload_insert, spans.span_insert) if i]
+        results = statements_run(inserts)  # one round trip on PostgreSQL
         if spans.span_insert is not None:
-            pks = spans.span_insert.returned()
-            for new, pk in zip(new_rows.values(), pks, strict=True):
+            for new, pk in zip(new_rows.values(), results[-1], strict=True):
                 new.pk = pk
         events: dict[tuple[Any, Any], list[tuple[str, dict[str, Any]]]] = {}
         for write, attributes, payloads in prepared:

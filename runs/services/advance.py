@@ -197,7 +197,7 @@ def run_advance(
     ctx = StepContext(
         run=run,
         state=state,
-        runtime=runtime_for(run, replies_consumed=run.steps),
+        runtime=runtime_for(run, replies_consumed=run.steps, budget=lease.budget),
         started=time.monotonic(),
         base_wall_seconds=state.usage.wall_seconds,
     )

@@ -13,6 +13,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane.budget_ledger import budget_found, budget_select
+from controlplane.budget_models import Budget
 from controlplane.budget_services import (
     budget_admit_run,
     budget_release_run,
@@ -23,6 +25,7 @@ from controlplane.budget_services import (
 from controlplane.models import Tenant
 from controlplane.rows import (
     Statement,
+    instances_select,
     instances_where,
     row_update_statement,
 )
@@ -143,6 +146,7 @@ class Lease(NamedTuple):
     # The previous step ended without releasing the lease (its worker died, or
     # this is a redelivery): what it left running must be swept.
     taken_over: bool
+    budget: Budget | None  # the tenant's, read with the lease
 
 
 def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
@@ -171,13 +175,20 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
         changes["started_at"] = now
     # Built before the transaction (on SQLite it holds the one write lock).
     take = row_update_statement(Run, run.id, changes, where={"version": run.version})
-    if not recoverable_write(take):  # lost in a database crash: taken again
+    # Lost in a database crash: taken again. The run's agent and its tenant's
+    # budget are read with it (in its round trip on PostgreSQL).
+    agent, budget = (
+        instances_select(Agent, {"id": run.agent_id}),
+        budget_select(run.tenant_id),
+    )
+    won, agents, budgets = recoverable_write(take, agent, budget)
+    if not won:
         return None
     taken_over = bool(run.lease_owner)
     for name, value in changes.items():
         setattr(run, name, value)
-    run.agent = instances_where(Agent, {"id": run.agent_id})[0]
-    return Lease(run, taken_over)
+    run.agent = agents[0]
+    return Lease(run, taken_over, budget_found(budgets))
 
 
 class LeaseLost(Exception):

@@ -13,6 +13,7 @@ from controlplane.budget_models import ModelPriceEntry
 from controlplane.rows import (
     OrNull,
     instances_insert_prepare,
+    instances_select,
     instances_where,
     row_update,
     row_update_statement,
@@ -164,7 +165,8 @@ def test_a_prepared_instances_insert_reads_its_late_fields_when_it_runs(
 
 
 def test_statements_run_in_order_and_report_each_ones_rows(run: Run) -> None:
-    """On PostgreSQL in one round trip; each statement's own row count."""
+    """On PostgreSQL in one round trip; each one's own result: rows changed,
+    keys returned, instances found."""
     from django.db import connection
 
     sent: list[str] = []
@@ -180,9 +182,22 @@ def test_statements_run_in_order_and_report_each_ones_rows(run: Run) -> None:
         row_update_statement(Run, run.id, {"stop_detail": "b"},
                              where={"lease_owner": "a"}),
     ]  # fmt: skip
+    from tracing.models import RunEvent
+
+    insert = rows_insert_statement(
+        RunEvent, ["run", "seq", "type", "payload", "created_at"],
+        [[run.id, 100 + i, "x", {}, run.created_at] for i in range(2)],
+    )  # fmt: skip
+    select = instances_select(Run, {"id": run.id}, only=["lease_owner"])
     with connection.execute_wrapper(recording):
-        assert statements_run(statements) == [1, 0, 1]
-    assert len(sent) == (1 if connection.vendor == "postgresql" else 3)
-    stored = Run.objects.get(id=run.id)
-    assert (stored.lease_owner, stored.stop_detail) == ("a", "b")
+        changed, lost, detail, keys, found = statements_run(
+            [*statements, insert, select]
+        )
+    assert (changed, lost, detail) == (1, 0, 1)
+    stored = list(RunEvent.objects.filter(run=run, seq__gte=100).order_by("seq"))
+    assert keys == [e.pk for e in stored] and len(keys) == 2
+    assert [r.lease_owner for r in found] == ["a"]  # it sees the writes before it
+    assert len(sent) == (1 if connection.vendor == "postgresql" else 5)
+    stored_run = Run.objects.get(id=run.id)
+    assert (stored_run.lease_owner, stored_run.stop_detail) == ("a", "b")
     assert statements_run([]) == []

@@ -10,7 +10,12 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from controlplane.rows import row_update, row_update_statement, rows_insert
+from controlplane.rows import (
+    instances_select,
+    row_update,
+    row_update_statement,
+    rows_insert,
+)
 from controlplane.transactions import recoverable_transaction, recoverable_write
 from runs.models import Agent
 from tracing.models import SpanPayload
@@ -79,15 +84,18 @@ def test_a_recoverable_write_is_its_own_transaction_in_one_round_trip(
     )
     sent, recording = executes()
     with recording:
-        won = recoverable_write(
-            row_update_statement(Agent, agent.pk, {"name": "b"}, where={"slug": "a"})
+        won, found = recoverable_write(
+            row_update_statement(Agent, agent.pk, {"name": "b"}, where={"slug": "a"}),
+            instances_select(Agent, {"id": agent.pk}),
         )
-        lost = recoverable_write(
+        (lost,) = recoverable_write(
             row_update_statement(Agent, agent.pk, {"name": "c"}, where={"slug": "x"})
         )
     assert (won, lost) == (1, 0)
+    assert [a.name for a in found] == ["b"]  # the read comes after the write
     assert Agent.objects.get(pk=agent.pk).name == "b"  # committed, not "c"
-    assert len(sent) == 2  # one execute each: no BEGIN or COMMIT of its own
+    # No BEGIN or COMMIT of its own; on PostgreSQL, the read in the same execute.
+    assert len(sent) == (2 if connection.vendor == "postgresql" else 3)
     if connection.vendor == "postgresql":
         assert sent[0].startswith("SET LOCAL synchronous_commit = off; UPDATE")
     assert not connection.in_atomic_block
@@ -102,6 +110,8 @@ def test_a_recoverable_write_inside_a_transaction_rolls_back_with_it(
         tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
     )
     with pytest.raises(RuntimeError), transaction.atomic():
-        assert recoverable_write(row_update_statement(Agent, agent.pk, {"name": "b"}))
+        assert recoverable_write(row_update_statement(Agent, agent.pk, {"name": "b"}))[
+            0
+        ]
         raise RuntimeError
     assert Agent.objects.get(pk=agent.pk).name == "a"
