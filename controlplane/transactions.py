@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,7 +11,7 @@ from django.db import connection, transaction
 
 from controlplane.rows import Select, Statement, statements_run
 
-__all__ = ["recoverable_transaction", "recoverable_write"]
+__all__ = ["recoverable_transaction", "recoverable_write", "sub_transaction"]
 
 _SYNC_COMMIT_OFF = "SET LOCAL synchronous_commit = off"
 
@@ -49,22 +50,69 @@ def recoverable_write(write: Statement, *reads: Select) -> list[Any]:
     return statements_run([Statement(_SYNC_COMMIT_OFF, []), write, *reads])[1:]
 
 
-def _with_first_statement(sql: str) -> Callable[..., Any]:
+@contextlib.contextmanager
+def sub_transaction() -> Iterator[None]:
+    """A savepoint in the caller's transaction (or a recoverable transaction
+    when there is none): on an exception, what ran inside is rolled back, its
+    commit hooks dropped, and the caller's transaction goes on.
+
+    On PostgreSQL the savepoint costs no round trip of its own: it goes with
+    the first statement inside and is never released (the transaction's end
+    releases it), where `transaction.atomic()` sends SAVEPOINT and RELEASE each
+    on their own."""
+    if not connection.in_atomic_block:
+        with recoverable_transaction():
+            yield
+        return
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            yield
+        return
+    name = f"cp_sub_{next(_sub_transactions)}"
+    hooks = len(connection.run_on_commit)
+    first = _with_first_statement(f"SAVEPOINT {name}")
+    try:
+        with connection.execute_wrapper(first):
+            yield
+    except BaseException:
+        del connection.run_on_commit[hooks:]
+        if first.sent:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            except Exception:
+                connection.needs_rollback = True  # the caller's is lost too
+                raise
+        # As Django does after rolling back to a savepoint: an atomic block
+        # inside that failed without its own savepoint asked for a rollback.
+        connection.needs_rollback = False
+        raise
+
+
+_sub_transactions = itertools.count(1)
+
+
+class _with_first_statement:  # noqa: N801 - used as a function
     """An execute wrapper that sends `sql` in the same round trip as the next
     statement (Django's psycopg cursors bind client-side, so several statements
-    go in one execute) and hands
-    on that statement's result. A transaction that runs none commits durably."""
-    pending = True
+    go in one execute) and hands on that statement's result. A transaction that
+    runs none commits durably."""
 
-    def wrapper(
-        execute: Callable[..., Any], query: str, params: Any, many: bool, context: Any
+    def __init__(self, sql: str) -> None:
+        self.sql = sql
+        self.sent = False
+
+    def __call__(
+        self,
+        execute: Callable[..., Any],
+        query: str,
+        params: Any,
+        many: bool,
+        context: Any,
     ) -> Any:
-        nonlocal pending
-        if not pending or many:
+        if self.sent or many:
             return execute(query, params, many, context)
-        pending = False
-        result = execute(f"{sql}; {query}", params, many, context)
+        self.sent = True
+        result = execute(f"{self.sql}; {query}", params, many, context)
         context["cursor"].nextset()  # the result of `query`, not of `sql`
         return result
-
-    return wrapper

@@ -25,7 +25,7 @@ from controlplane.rows import (
     rows_insert_statement,
     statements_run,
 )
-from controlplane.transactions import recoverable_transaction
+from controlplane.transactions import sub_transaction
 from runs.models import Run
 from tracing.models import RunEvent, Span, SpanPayload
 from tracing.redaction import redact, redact_attributes
@@ -233,8 +233,9 @@ def span_event_payload(span: Span) -> dict[str, Any]:
 
 def telemetry_transaction() -> contextlib.AbstractContextManager[None]:
     """A transaction for span rows and their events: recoverable (a database crash
-    may lose the last few spans, never a run's state that came after them)."""
-    return recoverable_transaction()
+    may lose the last few spans, never a run's state that came after them).
+    Inside a step's transaction, a failed span write loses only the spans."""
+    return sub_transaction()
 
 
 def _worker_name() -> str:

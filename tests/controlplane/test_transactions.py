@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from controlplane.rows import (
@@ -16,7 +16,11 @@ from controlplane.rows import (
     row_update_statement,
     rows_insert,
 )
-from controlplane.transactions import recoverable_transaction, recoverable_write
+from controlplane.transactions import (
+    recoverable_transaction,
+    recoverable_write,
+    sub_transaction,
+)
 from runs.models import Agent
 from tracing.models import SpanPayload
 
@@ -115,3 +119,52 @@ def test_a_recoverable_write_inside_a_transaction_rolls_back_with_it(
         ]
         raise RuntimeError
     assert Agent.objects.get(pk=agent.pk).name == "a"
+
+
+def payload_row(tenant: Any, digest: str) -> list[Any]:
+    return [tenant.pk, digest, 2, "{}", timezone.now()]
+
+
+PAYLOAD_COLUMNS = ["tenant", "sha256", "size", "content", "created_at"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_sub_transaction_loses_only_its_own_writes_and_hooks(
+    tenant: Any,
+) -> None:
+    """The span store inside a step's closing write: a failure there must not
+    cost the step its checkpoint, nor broadcast events that were rolled back."""
+    agent = Agent.objects.create(
+        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
+    )
+    ran: list[str] = []
+    sent, recording = executes()
+    with recording, transaction.atomic():
+        row_update(Agent, agent.pk, {"name": "b"})
+        with pytest.raises(IntegrityError), sub_transaction():
+            rows_insert(SpanPayload, PAYLOAD_COLUMNS, [payload_row(tenant, "1" * 64)])
+            transaction.on_commit(lambda: ran.append("inside"))
+            # The same (tenant, sha256) again, without ignoring the conflict.
+            rows_insert(SpanPayload, PAYLOAD_COLUMNS, [payload_row(tenant, "1" * 64)])
+        transaction.on_commit(lambda: ran.append("after"))
+        with sub_transaction():  # the transaction goes on, and so can another
+            rows_insert(SpanPayload, PAYLOAD_COLUMNS, [payload_row(tenant, "2" * 64)])
+    assert Agent.objects.get(pk=agent.pk).name == "b"
+    assert list(SpanPayload.objects.values_list("sha256", flat=True)) == ["2" * 64]
+    assert ran == ["after"]
+    if connection.vendor == "postgresql":
+        # Each savepoint went with its first statement; none was released. The
+        # statements: the update, two inserts, the rollback, one insert.
+        assert not [sql for sql in sent if sql.startswith(("SAVEPOINT", "RELEASE"))]
+        assert len(sent) == 5 and sent[3].startswith("ROLLBACK TO SAVEPOINT")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sub_transaction_outside_a_transaction_is_one_of_its_own(
+    tenant: Any,
+) -> None:
+    with pytest.raises(IntegrityError), sub_transaction():
+        rows_insert(SpanPayload, PAYLOAD_COLUMNS, [payload_row(tenant, "1" * 64)])
+        rows_insert(SpanPayload, PAYLOAD_COLUMNS, [payload_row(tenant, "1" * 64)])
+    assert not SpanPayload.objects.exists()
+    assert not connection.in_atomic_block
