@@ -32,7 +32,7 @@ def recoverable_transaction() -> Iterator[None]:
     outermost = not connection.in_atomic_block
     with transaction.atomic():
         if outermost and connection.vendor == "postgresql":
-            with connection.execute_wrapper(_with_first_statement(_SYNC_COMMIT_OFF)):
+            with connection.execute_wrapper(_FirstStatement(_SYNC_COMMIT_OFF)):
                 yield
         else:
             yield
@@ -70,7 +70,7 @@ def sub_transaction() -> Iterator[None]:
         return
     name = f"cp_sub_{next(_sub_transactions)}"
     hooks = len(connection.run_on_commit)
-    first = _with_first_statement(f"SAVEPOINT {name}")
+    first = _FirstStatement(f"SAVEPOINT {name}")
     try:
         with connection.execute_wrapper(first):
             yield
@@ -92,7 +92,7 @@ def sub_transaction() -> Iterator[None]:
 _sub_transactions = itertools.count(1)
 
 
-class _with_first_statement:  # noqa: N801 - used as a function
+class _FirstStatement:
     """An execute wrapper that sends `sql` in the same round trip as the next
     statement (Django's psycopg cursors bind client-side, so several statements
     go in one execute) and hands on that statement's result. A transaction that
