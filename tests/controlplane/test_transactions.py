@@ -25,6 +25,13 @@ from runs.models import Agent
 from tracing.models import SpanPayload
 
 
+@pytest.fixture
+def agent(tenant: Any) -> Agent:
+    return Agent.objects.create(
+        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
+    )
+
+
 def synchronous_commit() -> str | None:
     if connection.vendor != "postgresql":
         return None
@@ -34,10 +41,7 @@ def synchronous_commit() -> str | None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_statements_in_it_return_their_own_results(tenant: Any) -> None:
-    agent = Agent.objects.create(
-        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
-    )
+def test_statements_in_it_return_their_own_results(tenant: Any, agent: Agent) -> None:
     with recoverable_transaction():
         # The first statement shares its round trip with the setting.
         assert row_update(Agent, agent.pk, {"name": "b"}, where={"slug": "a"}) == 1
@@ -54,10 +58,9 @@ def test_statements_in_it_return_their_own_results(tenant: Any) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_is_durable_inside_a_durable_transaction_and_rolls_back(tenant: Any) -> None:
-    agent = Agent.objects.create(
-        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
-    )
+def test_it_is_durable_inside_a_durable_transaction_and_rolls_back(
+    agent: Agent,
+) -> None:
     with transaction.atomic():
         with recoverable_transaction():
             row_update(Agent, agent.pk, {"name": "b"})
@@ -81,11 +84,8 @@ def executes() -> tuple[list[str], Any]:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_recoverable_write_is_its_own_transaction_in_one_round_trip(
-    tenant: Any,
+    agent: Agent,
 ) -> None:
-    agent = Agent.objects.create(
-        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
-    )
     sent, recording = executes()
     with recording:
         won, found = recoverable_write(
@@ -108,11 +108,8 @@ def test_a_recoverable_write_is_its_own_transaction_in_one_round_trip(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_recoverable_write_inside_a_transaction_rolls_back_with_it(
-    tenant: Any,
+    agent: Agent,
 ) -> None:
-    agent = Agent.objects.create(
-        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
-    )
     with pytest.raises(RuntimeError), transaction.atomic():
         assert recoverable_write(row_update_statement(Agent, agent.pk, {"name": "b"}))[
             0
@@ -130,13 +127,10 @@ PAYLOAD_COLUMNS = ["tenant", "sha256", "size", "content", "created_at"]
 
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_sub_transaction_loses_only_its_own_writes_and_hooks(
-    tenant: Any,
+    tenant: Any, agent: Agent
 ) -> None:
     """The span store inside a step's closing write: a failure there must not
     cost the step its checkpoint, nor broadcast events that were rolled back."""
-    agent = Agent.objects.create(
-        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
-    )
     ran: list[str] = []
     sent, recording = executes()
     with recording, transaction.atomic():
