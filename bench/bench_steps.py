@@ -188,11 +188,16 @@ def warm_up(tenant: Any, workers: int) -> None:
     """A few short runs on workers just started, not measured: a worker's first
     steps pay for lazy imports, connections and caches that a long-lived worker
     paid for long ago."""
+    short_runs(tenant, 2 * workers)
+
+
+def short_runs(tenant: Any, count: int) -> float:
+    """Start `count` short runs at once; when the last of them finished."""
     from runs.services import run_start
 
-    wait_finished([
+    return wait_finished([
         run_start(tenant=tenant, agent_slug="short", input="go", started_by=None).id
-        for _ in range(2 * workers)
+        for _ in range(count)
     ])  # fmt: skip
 
 
@@ -228,14 +233,9 @@ def single_run(tenant: Any) -> tuple[list[float], float]:
 
 
 def throughput(tenant: Any) -> float:
-    from runs.services import run_start
-
     started = time.time()
-    ids = [
-        run_start(tenant=tenant, agent_slug="short", input="go", started_by=None).id
-        for _ in range(CONCURRENT_RUNS)
-    ]
-    return CONCURRENT_RUNS * CONCURRENT_STEPS / (wait_finished(ids) - started)
+    finished = short_runs(tenant, CONCURRENT_RUNS)
+    return CONCURRENT_RUNS * CONCURRENT_STEPS / (finished - started)
 
 
 def postgres_url() -> str | None:

@@ -168,9 +168,7 @@ class Select(NamedTuple):
     columns: list[tuple[Any, list[Any]]]  # each column's value converters
 
     def run(self) -> list[Any]:
-        with connection.cursor() as cursor:
-            cursor.execute(self.sql, self.params)
-            return self.result(cursor)
+        return list(statements_run([self])[0])
 
     def result(self, cursor: Any) -> list[Any]:
         """The instances in the cursor's current result."""
@@ -200,10 +198,8 @@ def rows_insert(
     statement = rows_insert_statement(
         model, names, rows, returning=returning, ignore_conflicts=ignore_conflicts
     )
-    if returning:
-        return statement.returned()
-    statement.run()
-    return []
+    (result,) = statements_run([statement])  # the keys, or a row count
+    return result if returning else []
 
 
 def rows_insert_statement(
@@ -254,9 +250,7 @@ class Statement(NamedTuple):
 
     def returned(self) -> list[Any]:
         """Execute; the first column of each row it returns (RETURNING)."""
-        with connection.cursor() as cursor:
-            cursor.execute(self.sql, self.params)
-            return [found[0] for found in cursor.fetchall()]
+        return list(statements_run([self._replace(returns=True)])[0])
 
     def result(self, cursor: Any) -> Any:
         """The keys it returned, or else the number of rows it changed."""
@@ -371,14 +365,8 @@ class InstancesInsert:
     late: list[tuple[int, Any]]  # (position in a row, field)
 
     def execute(self) -> None:
-        statements = self.ready()
-        if not statements:
-            return
-        if self.generated:
-            self.saved(statements[0].returned())
-        else:
-            statements[0].run()
-            self.saved()
+        for result in statements_run(self.ready()):
+            self.saved(result if self.generated else ())
 
     def ready(self) -> list[Statement]:
         """Its statement (none if there is nothing to insert), the late fields

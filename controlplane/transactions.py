@@ -50,6 +50,9 @@ def recoverable_write(write: Statement, *reads: Select) -> list[Any]:
     return statements_run([Statement(_SYNC_COMMIT_OFF, []), write, *reads])[1:]
 
 
+_sub_transactions = itertools.count(1)  # savepoint names
+
+
 @contextlib.contextmanager
 def sub_transaction() -> Iterator[None]:
     """A savepoint in the caller's transaction (or a recoverable transaction
@@ -87,9 +90,6 @@ def sub_transaction() -> Iterator[None]:
         # inside that failed without its own savepoint asked for a rollback.
         connection.needs_rollback = False
         raise
-
-
-_sub_transactions = itertools.count(1)
 
 
 class _FirstStatement:

@@ -177,11 +177,11 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     take = row_update_statement(Run, run.id, changes, where={"version": run.version})
     # Lost in a database crash: taken again. The run's agent and its tenant's
     # budget are read with it (in its round trip on PostgreSQL).
-    agent, budget = (
+    won, agents, budgets = recoverable_write(
+        take,
         instances_select(Agent, {"id": run.agent_id}),
         budget_select(run.tenant_id),
     )
-    won, agents, budgets = recoverable_write(take, agent, budget)
     if not won:
         return None
     taken_over = bool(run.lease_owner)
