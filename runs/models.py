@@ -116,7 +116,11 @@ class Run(models.Model):
 class Step(models.Model):
     """One model call and what it proposed, recorded before any tool runs."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="step_rows")
+    # Looked up by run through the (run, index) unique index: no index of its own,
+    # one B-tree fewer to write per step.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="step_rows", db_index=False
+    )
     index = models.PositiveIntegerField()
     provider = models.CharField(max_length=32, blank=True)
     provider_request_id = models.CharField(max_length=200, blank=True)
@@ -155,8 +159,9 @@ class ToolCall(models.Model):
         CANCELLED = "cancelled"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Looked up by run through the (run, call_id) unique index.
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="tool_call_rows"
+        Run, on_delete=models.CASCADE, related_name="tool_call_rows", db_index=False
     )
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="tool_calls")
     position = models.PositiveIntegerField()

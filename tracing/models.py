@@ -20,10 +20,14 @@ class Span(models.Model):
         UNSET = "unset"
         ABANDONED = "abandoned"  # its worker died before ending it
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="spans")
+    # Looked up by run (and parent) through the (run, parent_span_id, started_at)
+    # index: indexes of their own would only be more B-trees to write per span.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="spans", db_index=False
+    )
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)
-    parent_span_id = models.CharField(max_length=16, blank=True, db_index=True)
+    parent_span_id = models.CharField(max_length=16, blank=True)
     name = models.CharField(max_length=300)
     kind = models.CharField(max_length=16, default="internal")
     status = models.CharField(
@@ -57,7 +61,8 @@ class Span(models.Model):
 class SpanPayload(models.Model):
     """A large value (model input/output, tool arguments/results) stored once."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    # Looked up by tenant through the (tenant, sha256) unique index.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
     sha256 = models.CharField(max_length=64)
     size = models.PositiveBigIntegerField()
     content = models.TextField()  # JSON text, already redacted
@@ -77,7 +82,10 @@ class SpanPayload(models.Model):
 class RunEvent(models.Model):
     """One entry of a run's append-only log; `seq` is gapless per run."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # Looked up by run through the (run, seq) unique index.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="events", db_index=False
+    )
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=64)
     payload = models.JSONField(default=dict)

@@ -168,9 +168,11 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     changes: dict[str, Any] = {
         "lease_owner": owner,
         "lease_expires_at": expires,
-        "status": Run.Status.RUNNING,
         "version": run.version + 1,
     }
+    # Only when it changes: a column in the SET list rewrites its indexes' entries.
+    if run.status != Run.Status.RUNNING:
+        changes["status"] = Run.Status.RUNNING
     if run.started_at is None:
         changes["started_at"] = now
     # Built before the transaction (on SQLite it holds the one write lock).
