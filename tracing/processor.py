@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextvars
 import datetime as dt
+import itertools
 import logging
+import math
+import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -188,18 +192,82 @@ def span_batch_flush_if_slow() -> Iterator[None]:
         batch.flush()
         yield
         return
-    timer = threading.Timer(
-        settings.TRACING_SLOW_CALL_MS / 1000, batch.flush_from_timer
-    )
-    timer.daemon = True
-    timer.start()
+    alarm = _alarms.set(settings.TRACING_SLOW_CALL_MS / 1000, batch.flush_from_timer)
     try:
         yield
     finally:
-        timer.cancel()
         # A flush under way finishes first: the records that follow refer to
         # its rows, and it may be waiting for a lock this thread takes next.
-        timer.join()
+        _alarms.cancel(alarm)
+
+
+class _Alarms:
+    """Callbacks run after a delay unless cancelled first, on one thread per
+    process: setting and cancelling one costs a lock, where a `threading.Timer`
+    per call started and joined a thread twice a step."""
+
+    def __init__(self) -> None:
+        self._pid = 0
+        self._keys = itertools.count(1)
+
+    def _start(self) -> None:
+        # Once per process: a forked worker inherits no thread.
+        self._pid = os.getpid()
+        self._wake = threading.Condition()
+        self._due: dict[int, tuple[float, Callable[[], None]]] = {}
+        self._running = 0
+        self._waiting_until = math.inf  # when the thread wakes up next by itself
+        threading.Thread(target=self._run, name="span-alarms", daemon=True).start()
+
+    def set(self, seconds: float, callback: Callable[[], None]) -> int:
+        if self._pid != os.getpid():
+            self._start()
+        key = next(self._keys)
+        when = time.monotonic() + seconds
+        with self._wake:
+            self._due[key] = (when, callback)
+            if when < self._waiting_until:  # otherwise it wakes up in time anyway
+                self._wake.notify()
+        return key
+
+    def cancel(self, key: int) -> None:
+        """The callback will not run, or has run: wait for it if it is running."""
+        with self._wake:
+            self._due.pop(key, None)
+            while self._running == key:
+                self._wake.wait()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                key, callback = self._next_due()
+                self._running = key
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - the thread serves every later call
+                logger.exception("tracing: a slow call's flush failed")
+            finally:
+                with self._wake:
+                    self._running = 0
+                    self._wake.notify_all()
+
+    def _next_due(self) -> tuple[int, Callable[[], None]]:
+        while True:
+            if not self._due:
+                self._waiting_until = math.inf
+                self._wake.wait()
+                continue
+            key = min(self._due, key=lambda k: self._due[k][0])
+            when, callback = self._due[key]
+            delay = when - time.monotonic()
+            if delay <= 0:
+                del self._due[key]
+                return key, callback
+            self._waiting_until = when
+            self._wake.wait(delay)
+
+
+_alarms = _Alarms()
 
 
 def span_batch_flush() -> None:

@@ -7,15 +7,26 @@ to those sleeps. Here a write transaction (and a write statement outside one)
 first takes an exclusive `flock` on a file beside the database, which the kernel
 hands to the next waiter the moment it is released; SQLite's own lock then never
 makes anyone sleep. Readers (WAL) take nothing.
+
+SQLite copies the WAL back into the database (a checkpoint, with an fsync) inside
+the commit that crosses `wal_autocheckpoint`, which here would hold the lock for
+milliseconds while every other writer waits. Connections checkpoint themselves
+instead, every CHECKPOINT_EVERY commits, after releasing the lock: a
+passive checkpoint runs beside the next writer.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
+import sqlite3
 from typing import Any
 
 from django.db.backends.sqlite3 import base
 
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_EVERY = 100  # write transactions of one connection between checkpoints
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER")
 
 
@@ -24,6 +35,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         super().__init__(*args, **kwargs)
         self._writer_file: Any = None
         self._writer_held = False
+        self._writes = 0
         self.execute_wrappers.append(self._queue_autocommit_write)
 
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
@@ -31,6 +43,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if self._writer_file is None and not self.is_in_memory_db():
             name = str(self.settings_dict["NAME"])
             self._writer_file = open(f"{name}-writer.lock", "a")  # noqa: SIM115
+        connection.execute("PRAGMA wal_autocheckpoint=0")
         return connection
 
     def _writer_acquire(self) -> bool:
@@ -59,6 +72,16 @@ class DatabaseWrapper(base.DatabaseWrapper):
             super()._commit()  # type: ignore[misc]
         finally:
             self._writer_release()
+        self._checkpoint_when_due()
+
+    def _checkpoint_when_due(self) -> None:
+        self._writes += 1
+        if self._writes % CHECKPOINT_EVERY or self.is_in_memory_db():
+            return
+        try:
+            self.connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error:  # the commit stands; the next one tries again
+            logger.warning("sqlite: WAL checkpoint failed", exc_info=True)
 
     def _rollback(self) -> None:
         try:
