@@ -26,7 +26,7 @@ from django.db.backends.sqlite3 import base
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_EVERY = 100  # write transactions of one connection between checkpoints
+CHECKPOINT_EVERY = 100  # commits of one connection between checkpoints
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER")
 
 
