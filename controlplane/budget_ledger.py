@@ -1018,14 +1018,11 @@ def window_usage(
 
 
 def budget_of(tenant: Tenant | Any) -> Budget | None:
-    return budget_found(budget_select(tenant).run())
+    found = budget_select(tenant).run()
+    return found[0] if found else None
 
 
 def budget_select(tenant: Tenant | Any) -> Select:
-    """`budget_of`'s query, to run with others; `budget_found` reads its result."""
+    """`budget_of`'s query, to run with others: the budget, or nothing."""
     tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
     return instances_select(Budget, {"tenant": tenant_id}, limit=1)
-
-
-def budget_found(found: list[Any]) -> Budget | None:
-    return found[0] if found else None

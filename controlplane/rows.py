@@ -211,7 +211,7 @@ def rows_insert_statement(
     ignore_conflicts: bool = False,
 ) -> Statement:
     """`rows_insert`'s statement, its values converted now (`rows` not empty);
-    `returning`: it returns the primary keys (`Statement.returned`)."""
+    `returning`: it returns the primary keys (its result in `statements_run`)."""
     fields = _fields(model, names)
     quote = connection.ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
@@ -247,10 +247,6 @@ class Statement(NamedTuple):
         with connection.cursor() as cursor:
             cursor.execute(self.sql, self.params)
             return int(cursor.rowcount)
-
-    def returned(self) -> list[Any]:
-        """Execute; the first column of each row it returns (RETURNING)."""
-        return list(statements_run([self._replace(returns=True)])[0])
 
     def result(self, cursor: Any) -> Any:
         """The keys it returned, or else the number of rows it changed."""

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.budget_ledger import budget_found, budget_select
+from controlplane.budget_ledger import budget_select
 from controlplane.budget_models import Budget
 from controlplane.budget_services import (
     budget_admit_run,
@@ -190,7 +190,7 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     for name, value in changes.items():
         setattr(run, name, value)
     run.agent = agents[0]
-    return Lease(run, taken_over, budget_found(budgets))
+    return Lease(run, taken_over, budgets[0] if budgets else None)
 
 
 class LeaseLost(Exception):

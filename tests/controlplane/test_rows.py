@@ -119,7 +119,7 @@ def test_a_prepared_update_runs_later_and_skips_excluded_values(run: Run) -> Non
 
 
 def test_a_prepared_insert_stores_the_values_it_was_built_with(run: Run) -> None:
-    """`rows_insert_statement` converts when built; `returned` gives the keys."""
+    """`rows_insert_statement` converts when built; running it gives the keys."""
     from django.utils import timezone
 
     from tracing.models import RunEvent
@@ -132,7 +132,7 @@ def test_a_prepared_insert_stores_the_values_it_was_built_with(run: Run) -> None
     )  # fmt: skip
     payload["text"] = "changed after"
     assert not RunEvent.objects.filter(run=run, seq__gte=100).exists()  # not run yet
-    pks = statement.returned()
+    (pks,) = statements_run([statement])
     stored = list(RunEvent.objects.filter(run=run, seq__gte=100).order_by("seq"))
     assert [e.pk for e in stored] == pks
     assert stored[0].payload == {"text": "first"}
