@@ -20,6 +20,7 @@ from django.db.models import Model
 from psycopg.types.json import Json, Jsonb
 
 __all__ = [
+    "EncodedJSON",
     "InstancesInsert",
     "OrNull",
     "Select",
@@ -226,7 +227,7 @@ def rows_insert_statement(
         key: Any = model._meta.pk
         sql += f" RETURNING {quote(key.column)}"
     params = [
-        _encoded_now(field.get_db_prep_save(value, connection))
+        _db_value(field, value)
         for row in rows
         for field, value in zip(fields, row, strict=True)
     ]
@@ -294,7 +295,7 @@ def row_update_statement(
     quote = connection.ops.quote_name
     sets = ", ".join(f"{quote(field.column)} = %s" for field in fields)
     params = [
-        _encoded_now(field.get_db_prep_save(value, connection))
+        _db_value(field, value)
         for field, value in zip(fields, values.values(), strict=True)
     ]
     key: Any = model._meta.pk
@@ -317,6 +318,23 @@ def row_update_statement(
         f"WHERE {' AND '.join(conditions)}"
     )
     return Statement(sql, params)
+
+
+class EncodedJSON(dict[str, Any]):
+    """A JSON object and its encoding, made where parts of the encoding were at
+    hand (`EngineState.to_json`): written here, a JSON field stores `text` as is."""
+
+    def __init__(self, value: Mapping[str, Any], text: str) -> None:
+        super().__init__(value)
+        self.text = text
+
+
+def _db_value(field: Any, value: Any) -> Any:
+    if isinstance(value, EncodedJSON):
+        if connection.vendor == "postgresql":
+            return Jsonb(value.text, dumps=_as_is)
+        return value.text
+    return _encoded_now(field.get_db_prep_save(value, connection))
 
 
 def _encoded_now(value: Any) -> Any:

@@ -299,9 +299,10 @@ class ChatRecorder:
 
 @contextmanager
 def chat_span(
-    run: Run, *, messages: Any, tools: Any, max_tokens: int | None = None
+    run: Run, *, messages_json: str, tools: Any, max_tokens: int | None = None
 ) -> Iterator[ChatRecorder]:
-    """`chat {model}` around one model call; the caller records the reply."""
+    """`chat {model}` around one model call; the caller records the reply.
+    `messages_json`: the model's input messages, encoded."""
     if not _traced(run):
         yield ChatRecorder(trace.INVALID_SPAN)
         return
@@ -312,7 +313,7 @@ def chat_span(
         "gen_ai.provider.name": agent.model_adapter,
         "gen_ai.request.model": agent.model,
         "gen_ai.agent.name": agent.slug,
-        "gen_ai.input.messages": _json(list(messages)),
+        "gen_ai.input.messages": messages_json,
         "gen_ai.tool.definitions": _json(list(tools)),
     }
     if max_tokens:

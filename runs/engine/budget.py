@@ -128,10 +128,11 @@ FREE = ModelPrice()
 
 
 def estimate_input_tokens(
-    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    messages_json: str, tools: Sequence[Mapping[str, Any]] = ()
 ) -> int:
-    """A cheap upper-ish estimate (about 4 characters a token) for the pre-check."""
-    chars = len(json.dumps(list(messages), ensure_ascii=False))
+    """A cheap upper-ish estimate (about 4 characters a token) for the pre-check;
+    `messages_json`: the messages encoded (`Transcript.messages_json`)."""
+    chars = len(messages_json)
     chars += len(json.dumps(list(tools), ensure_ascii=False))
     return chars // 4 + 1
 

@@ -6,6 +6,7 @@ composes the same phases from `runs.engine.step`, persisting between them.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -88,6 +89,17 @@ class EngineState:
             "stop_reason": None if self.stop_reason is None else str(self.stop_reason),
             "final_text": self.final_text,
         }
+
+    def to_json(self) -> str:
+        """`to_dict()` encoded, reusing the transcript's encoded messages."""
+        rest = self.to_dict(copy=False)
+        del rest["messages"]
+        return (
+            '{"messages": '
+            + self.transcript.messages_json()
+            + ", "
+            + json.dumps(rest, ensure_ascii=False)[1:]
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, copy: bool = True) -> EngineState:
@@ -230,7 +242,7 @@ class _InProcessRun:
             plan = plan_model_call(
                 state.usage,
                 self.limits,
-                messages,
+                state.transcript,
                 self.tools,
                 reserve_output_tokens=self.config.reserve_output_tokens,
                 price=self.config.price,

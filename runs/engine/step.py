@@ -70,14 +70,14 @@ class ModelCallPlan:
 def plan_model_call(
     usage: BudgetVector,
     limits: BudgetLimits,
-    messages: Sequence[Mapping[str, Any]],
+    transcript: Transcript,
     tools: Sequence[Mapping[str, Any]],
     *,
     reserve_output_tokens: int,
     price: ModelPrice = FREE,
 ) -> ModelCallPlan | StopReason:
     """Check before spending; the plan's `max_output_tokens` is the reservation."""
-    estimated = estimate_input_tokens(messages, tools)
+    estimated = estimate_input_tokens(transcript.messages_json(), tools)
     refused = check_before_model_call(
         usage,
         limits,

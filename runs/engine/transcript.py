@@ -7,6 +7,7 @@ from the same round; no user text sits between a call and its result.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,13 @@ class TranscriptError(ValueError):
 
 @dataclass
 class Transcript:
+    """`messages` are appended to, never changed in place but by `note_on_result`:
+    each is encoded to JSON once (`messages_json`)."""
+
     messages: list[dict[str, Any]] = field(default_factory=list)
+    _encoded: list[str] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def start(cls, system_prompt: str, user_input: str) -> Transcript:
@@ -87,6 +94,36 @@ class Transcript:
             else:
                 return []
         return []
+
+    def note_on_result(self, call_id: str, note: str) -> str | None:
+        """Add a host note to the `tool` message answering `call_id` (inside its
+        JSON body when it has one); returns the new content, None if no such message."""
+        for message in reversed(self.messages):
+            if message.get("role") == "tool" and message.get("tool_call_id") == call_id:
+                try:
+                    body = json.loads(message["content"])
+                    body["approval_note"] = note
+                    message["content"] = json.dumps(
+                        body, ensure_ascii=False, separators=(",", ":"), default=str
+                    )
+                except (ValueError, TypeError):
+                    message["content"] = f"[{note}] {message['content']}"
+                self._encoded.clear()
+                return str(message["content"])
+        return None
+
+    def messages_json(self) -> str:
+        """The messages as `json.dumps(messages, ensure_ascii=False)` gives them.
+
+        A step encodes the transcript several times (the token estimate, the
+        model call's span, two checkpoints) and it grows with every step: only
+        the messages appended since the last call are encoded."""
+        encoded = self._encoded
+        if len(encoded) > len(self.messages):
+            encoded.clear()
+        for message in self.messages[len(encoded) :]:
+            encoded.append(json.dumps(message, ensure_ascii=False))
+        return "[" + ", ".join(encoded) + "]"
 
     def to_list(self) -> list[dict[str, Any]]:
         return [_json_copy(message) for message in self.messages]

@@ -35,6 +35,7 @@ from controlplane.budget_services import (
     stop_reason_for,
 )
 from controlplane.rows import (
+    EncodedJSON,
     Statement,
     instances_insert_prepare,
     instances_where,
@@ -156,7 +157,9 @@ class StepContext:
         results, self.unsaved_results = self.unsaved_results, []
         save = run_save_prepare(
             self.run,
-            engine_state=self.state.to_dict(copy=False),  # encoded here
+            engine_state=EncodedJSON(  # encoded here
+                self.state.to_dict(copy=False), self.state.to_json()
+            ),
             **counters_from_state(self.state),
             **changes,
         )
@@ -255,13 +258,13 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
     plan = plan_model_call(
         state.usage,
         runtime.limits,
-        messages,
+        state.transcript,
         tools,
         reserve_output_tokens=runtime.config.reserve_output_tokens,
         price=runtime.config.price,
     )
     if not isinstance(plan, ModelCallPlan):
-        estimate = estimate_input_tokens(messages, tools)
+        estimate = estimate_input_tokens(state.transcript.messages_json(), tools)
         reserve = runtime.config.reserve_output_tokens
         ask = budget_cap_extension_ask(
             run=ctx.run, reason=plan, usage=state.usage, limits=runtime.limits,
@@ -280,7 +283,9 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
     if isinstance(reserved, BudgetRefusal):
         _finish_budget_refused(ctx, reserved)
     started_at = timezone.now()
-    with chat_span(ctx.run, messages=messages, tools=tools) as chat:
+    with chat_span(
+        ctx.run, messages_json=state.transcript.messages_json(), tools=tools
+    ) as chat:
         reply = call_model(runtime.model, messages, tools, plan)
         chat.reply(reply)
     budget_after_model_call(
@@ -493,22 +498,8 @@ def _note_on_observation(
     ctx: StepContext, row: ToolCallRow, call: ToolCall, note: str
 ) -> None:
     """Tell the model, inside this call's result, that a reviewer changed the args."""
-    import json
-
-    for message in reversed(ctx.state.transcript.messages):
-        answers_call = message.get("tool_call_id") == call.call_id
-        if message.get("role") == "tool" and answers_call:
-            try:
-                body = json.loads(message["content"])
-                body["approval_note"] = note
-                message["content"] = json.dumps(
-                    body, ensure_ascii=False, separators=(",", ":"), default=str
-                )
-            except (ValueError, TypeError):
-                message["content"] = f"[{note}] {message['content']}"
-            content = message["content"]
-            break
-    else:
+    content = ctx.state.transcript.note_on_result(call.call_id, note)
+    if content is None:
         return
     with recoverable_transaction():
         ctx.save_results()

@@ -11,6 +11,7 @@ from django.forms.models import model_to_dict
 
 from controlplane.budget_models import ModelPriceEntry
 from controlplane.rows import (
+    EncodedJSON,
     OrNull,
     instances_insert_prepare,
     instances_select,
@@ -116,6 +117,15 @@ def test_a_prepared_update_runs_later_and_skips_excluded_values(run: Run) -> Non
     )  # fmt: skip
     assert again.run() == 0
     assert Run.objects.get(id=run.id).status == "succeeded"
+
+
+def test_an_encoded_json_value_is_stored_as_its_text(run: Run) -> None:
+    """The text is what goes to the database (read back, it is that JSON), not
+    an encoding of the dict it travels with."""
+    value = EncodedJSON({"stale": True}, '{"messages": [{"content": "é"}], "n": 1}')
+    assert row_update(Run, run.id, {"engine_state": value}) == 1
+    stored = Run.objects.get(id=run.id).engine_state
+    assert stored == {"messages": [{"content": "é"}], "n": 1}
 
 
 def test_a_prepared_insert_stores_the_values_it_was_built_with(run: Run) -> None:

@@ -54,7 +54,7 @@ def model_phase(
     plan = plan_model_call(
         state.usage,
         BudgetLimits(max_steps=5),
-        state.transcript.messages,
+        state.transcript,
         tools,
         reserve_output_tokens=CONFIG.reserve_output_tokens,
     )
