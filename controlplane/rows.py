@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Model
 from psycopg.types.json import Json, Jsonb
 
@@ -35,6 +35,13 @@ __all__ = [
     "rows_insert_statement",
     "statements_run",
 ]
+
+
+def _db() -> Any:
+    """This thread's connection. Django's `connection` proxy looks it up again on
+    every attribute access, and converting a step's values accesses it hundreds
+    of times."""
+    return connections[DEFAULT_DB_ALIAS]
 
 
 def _fields(model: type[Model], names: Sequence[str]) -> list[Any]:
@@ -57,12 +64,13 @@ def _select(
     only: tuple[str, ...],
 ) -> _Select:
     # nulls[i]: True (IS NULL), False (= %s) or "or_null" (= %s OR IS NULL)
-    key = (connection.vendor, model, names, nulls, order_by, limit, only)
+    db = _db()
+    key = (db.vendor, model, names, nulls, order_by, limit, only)
     found = _selects.get(key)
     if found is not None:
         return found
     meta = model._meta
-    quote = connection.ops.quote_name
+    quote = db.ops.quote_name
     table = meta.db_table
     loaded = [
         field
@@ -73,8 +81,8 @@ def _select(
     for field in loaded:
         field = cast(Any, field)
         column = field.get_col(table)
-        converters = connection.ops.get_db_converters(column)
-        columns.append((column, [*converters, *field.get_db_converters(connection)]))
+        converters = db.ops.get_db_converters(column)
+        columns.append((column, [*converters, *field.get_db_converters(db)]))
     fields = _fields(model, names)
     where = " AND ".join(
         f"{quote(field.column)} IS NULL"
@@ -152,8 +160,9 @@ def instances_select(
         for value in equal.values()
         if value is not None
     ]
+    db = _db()
     params = [
-        field.get_db_prep_value(value, connection)
+        field.get_db_prep_value(value, db)
         for field, value in zip(filtered, matched, strict=True)
     ]
     return Select(sql, params, model, attnames, columns)
@@ -173,14 +182,15 @@ class Select(NamedTuple):
 
     def result(self, cursor: Any) -> list[Any]:
         """The instances in the cursor's current result."""
+        db = _db()
         found = []
         for row in cursor.fetchall():
             values = []
             for value, (column, converters) in zip(row, self.columns, strict=True):
                 for convert in converters:
-                    value = convert(value, column, connection)
+                    value = convert(value, column, db)
                 values.append(value)
-            found.append(self.model.from_db(connection.alias, self.attnames, values))
+            found.append(self.model.from_db(db.alias, self.attnames, values))
         return found
 
 
@@ -213,8 +223,9 @@ def rows_insert_statement(
 ) -> Statement:
     """`rows_insert`'s statement, its values converted now (`rows` not empty);
     `returning`: it returns the primary keys (its result in `statements_run`)."""
+    db = _db()
     fields = _fields(model, names)
-    quote = connection.ops.quote_name
+    quote = db.ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
     one = "(" + ", ".join(["%s"] * len(fields)) + ")"
     sql = (
@@ -227,7 +238,7 @@ def rows_insert_statement(
         key: Any = model._meta.pk
         sql += f" RETURNING {quote(key.column)}"
     params = [
-        _db_value(field, value)
+        _db_value(db, field, value)
         for row in rows
         for field, value in zip(fields, row, strict=True)
     ]
@@ -245,7 +256,7 @@ class Statement(NamedTuple):
 
     def run(self) -> int:
         """Execute; the number of rows changed."""
-        with connection.cursor() as cursor:
+        with _db().cursor() as cursor:
             cursor.execute(self.sql, self.params)
             return int(cursor.rowcount)
 
@@ -262,14 +273,15 @@ def statements_run(statements: Sequence[Statement | Select]) -> list[Any]:
     they go in one round trip: Django's psycopg cursors bind parameters
     client-side, so one execute may hold several statements, each with its own
     result."""
-    if len(statements) < 2 or connection.vendor != "postgresql":
+    db = _db()
+    if len(statements) < 2 or db.vendor != "postgresql":
         results = []
-        for statement in statements:
-            with connection.cursor() as cursor:
+        with db.cursor() as cursor:
+            for statement in statements:
                 cursor.execute(statement.sql, statement.params)
                 results.append(statement.result(cursor))
         return results
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(
             "; ".join(statement.sql for statement in statements),
             [param for statement in statements for param in statement.params],
@@ -291,20 +303,21 @@ def row_update_statement(
 ) -> Statement:
     """UPDATE one row by primary key, the `where` equalities and the fields not in
     `where_not_in`'s values (fields that are never NULL)."""
+    db = _db()
     fields = _fields(model, list(values))
-    quote = connection.ops.quote_name
+    quote = db.ops.quote_name
     sets = ", ".join(f"{quote(field.column)} = %s" for field in fields)
     params = [
-        _db_value(field, value)
+        _db_value(db, field, value)
         for field, value in zip(fields, values.values(), strict=True)
     ]
     key: Any = model._meta.pk
     conditions = [f"{quote(key.column)} = %s"]
-    params.append(key.get_db_prep_value(pk, connection))
+    params.append(key.get_db_prep_value(pk, db))
     for field, value in zip(_fields(model, list(where or {})), (where or {}).values(),
                             strict=True):  # fmt: skip
         conditions.append(f"{quote(field.column)} = %s")
-        params.append(field.get_db_prep_value(value, connection))
+        params.append(field.get_db_prep_value(value, db))
     for name, excluded in (where_not_in or {}).items():
         if not excluded:
             continue
@@ -312,7 +325,7 @@ def row_update_statement(
         conditions.append(
             f"{quote(field.column)} NOT IN ({', '.join(['%s'] * len(excluded))})"
         )
-        params.extend(field.get_db_prep_value(value, connection) for value in excluded)
+        params.extend(field.get_db_prep_value(value, db) for value in excluded)
     sql = (
         f"UPDATE {quote(model._meta.db_table)} SET {sets} "
         f"WHERE {' AND '.join(conditions)}"
@@ -329,12 +342,12 @@ class EncodedJSON(dict[str, Any]):
         self.text = text
 
 
-def _db_value(field: Any, value: Any) -> Any:
+def _db_value(db: Any, field: Any, value: Any) -> Any:
     if isinstance(value, EncodedJSON):
-        if connection.vendor == "postgresql":
+        if db.vendor == "postgresql":
             return Jsonb(value.text, dumps=_as_is)
         return value.text
-    return _encoded_now(field.get_db_prep_save(value, connection))
+    return _encoded_now(field.get_db_prep_save(value, db))
 
 
 def _encoded_now(value: Any) -> Any:
@@ -387,14 +400,13 @@ class InstancesInsert:
         read now: to run with others (`statements_run`), then call `saved`."""
         if not self.instances:
             return []
+        db = _db()
         params = self.statement.params
         width = len(params) // len(self.instances)  # values per row
         for index, obj in enumerate(self.instances):
             for position, field in self.late:
                 value = getattr(obj, field.attname)
-                params[index * width + position] = field.get_db_prep_save(
-                    value, connection
-                )
+                params[index * width + position] = field.get_db_prep_save(value, db)
         return [self.statement]
 
     def saved(self, pks: Sequence[Any] = ()) -> None:
@@ -403,9 +415,10 @@ class InstancesInsert:
             key: Any = self.instances[0]._meta.pk
             for obj, pk in zip(self.instances, pks, strict=True):
                 setattr(obj, key.attname, pk)
+        alias = _db().alias
         for obj in self.instances:
             obj._state.adding = False
-            obj._state.db = connection.alias
+            obj._state.db = alias
 
 
 def instances_insert_prepare(

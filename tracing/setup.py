@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _provider: TracerProvider | None = None
+_tracer: trace.Tracer | None = None  # _provider's; a step starts several spans
 # Spans that live longer than one task (the run's root, an approval wait) are
 # started again with the same ids when they end in another process.
 _next_ids: contextvars.ContextVar[tuple[int | None, int] | None] = (
@@ -58,7 +59,7 @@ def configure_tracing(
     """Install our tracer provider: the run span processor (database + stream) and,
     when OTEL_EXPORTER_OTLP_ENDPOINT is set, a batch OTLP/HTTP exporter behind
     redaction. Idempotent per process; call it after a fork (Celery workers)."""
-    global _provider
+    global _provider, _tracer
     from tracing.processor import RedactingSpanExporter, RunSpanProcessor
 
     with _lock:
@@ -81,6 +82,7 @@ def configure_tracing(
         if _provider is not None:
             _provider.shutdown()
         _provider = provider
+        _tracer = provider.get_tracer("agent-control-plane")
         _set_global(provider)
         return provider
 
@@ -104,5 +106,7 @@ def _set_global(provider: TracerProvider) -> None:
 
 def tracer() -> trace.Tracer:
     """Our tracer; configures tracing on first use in a process that did not."""
-    provider = _provider or configure_tracing()
-    return provider.get_tracer("agent-control-plane")
+    if _tracer is None:
+        configure_tracing()
+    assert _tracer is not None
+    return _tracer
