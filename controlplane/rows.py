@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.models import Model
 from psycopg.types.json import Json, Jsonb
 
@@ -342,7 +342,31 @@ class EncodedJSON(dict[str, Any]):
         self.text = text
 
 
+# Field classes whose conversion returns a value of this exact type unchanged:
+# a step converts about 140 values, most of them plain strings and numbers.
+# (On PostgreSQL, Django wraps integers in psycopg's sized types.)
+_PLAIN: dict[str, dict[type, type]] = {
+    "postgresql": {
+        models.CharField: str,
+        models.TextField: str,
+        models.BooleanField: bool,
+    },
+    "sqlite": {
+        models.CharField: str,
+        models.TextField: str,
+        models.BooleanField: bool,
+        models.IntegerField: int,
+        models.BigIntegerField: int,
+        models.PositiveIntegerField: int,
+        models.PositiveSmallIntegerField: int,
+        models.SmallIntegerField: int,
+    },
+}
+
+
 def _db_value(db: Any, field: Any, value: Any) -> Any:
+    if type(value) is _PLAIN.get(db.vendor, {}).get(type(field)):
+        return value
     if isinstance(value, EncodedJSON):
         if db.vendor == "postgresql":
             return Jsonb(value.text, dumps=_as_is)

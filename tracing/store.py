@@ -154,11 +154,11 @@ def _array_extended(
     extended = [
         (raw, text)
         for raw, (_, text, _) in recent
-        if len(raw) > 2
+        if 2 < len(raw) < len(value)
+        and value[len(raw) - 1] == ","  # cheap: most of the recent fail here
         and raw.endswith("]")
         and text.startswith("[")  # not a truncated head
         and value.startswith(raw[:-1])
-        and value[len(raw) - 1 : len(raw)] == ","
     ]
     if not extended:
         return None

@@ -211,3 +211,26 @@ def test_statements_run_in_order_and_report_each_ones_rows(run: Run) -> None:
     stored_run = Run.objects.get(id=run.id)
     assert (stored_run.lease_owner, stored_run.stop_detail) == ("a", "b")
     assert statements_run([]) == []
+
+
+def test_plain_values_pass_as_the_fields_would_convert_them() -> None:
+    """The shortcut for plain strings, numbers and booleans gives what each
+    field's own conversion gives, on this database."""
+    from django.apps import apps
+    from django.db import connection
+
+    from controlplane.rows import _PLAIN, _db_value
+
+    samples: dict[type, Any] = {str: "é x", int: 7, bool: True}
+    checked = 0
+    for model in apps.get_models():
+        for field in model._meta.concrete_fields:
+            plain = _PLAIN[connection.vendor].get(type(field))
+            if plain is None:
+                continue
+            value = samples[plain]
+            converted = field.get_db_prep_save(value, connection)
+            assert _db_value(connection, field, value) == converted, field
+            assert type(converted) is plain, field
+            checked += 1
+    assert checked > 20
