@@ -345,16 +345,15 @@ class EncodedJSON(dict[str, Any]):
 # Field classes whose conversion returns a value of this exact type unchanged:
 # a step converts about 140 values, most of them plain strings and numbers.
 # (On PostgreSQL, Django wraps integers in psycopg's sized types.)
+_PLAIN_ANYWHERE: dict[type, type] = {
+    models.CharField: str,
+    models.TextField: str,
+    models.BooleanField: bool,
+}
 _PLAIN: dict[str, dict[type, type]] = {
-    "postgresql": {
-        models.CharField: str,
-        models.TextField: str,
-        models.BooleanField: bool,
-    },
+    "postgresql": _PLAIN_ANYWHERE,
     "sqlite": {
-        models.CharField: str,
-        models.TextField: str,
-        models.BooleanField: bool,
+        **_PLAIN_ANYWHERE,
         models.IntegerField: int,
         models.BigIntegerField: int,
         models.PositiveIntegerField: int,

@@ -90,10 +90,11 @@ class EngineState:
             "final_text": self.final_text,
         }
 
-    def to_json(self) -> str:
-        """`to_dict()` encoded, reusing the transcript's encoded messages."""
-        rest = self.to_dict(copy=False)
-        del rest["messages"]
+    def to_json(self, data: Mapping[str, Any] | None = None) -> str:
+        """`to_dict()` encoded, reusing the transcript's encoded messages;
+        `data`: this state's `to_dict(copy=False)`, when the caller has it."""
+        data = self.to_dict(copy=False) if data is None else data
+        rest = {key: value for key, value in data.items() if key != "messages"}
         return (
             '{"messages": '
             + self.transcript.messages_json()

@@ -155,11 +155,10 @@ class StepContext:
         encoded as it is now): prepared before the transaction that runs them."""
         self.state.usage = self.state.usage.with_wall_seconds(self.elapsed())
         results, self.unsaved_results = self.unsaved_results, []
+        state = self.state.to_dict(copy=False)
         save = run_save_prepare(
             self.run,
-            engine_state=EncodedJSON(  # encoded here
-                self.state.to_dict(copy=False), self.state.to_json()
-            ),
+            engine_state=EncodedJSON(state, self.state.to_json(state)),  # encoded here
             **counters_from_state(self.state),
             **changes,
         )
