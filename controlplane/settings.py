@@ -123,6 +123,17 @@ def _database(url: str) -> dict[str, Any]:
         config["TEST"] = {
             "NAME": str(BASE_DIR / ".run" / f"test-db-{os.getpid()}.sqlite3")
         }
+    elif config["ENGINE"] == "django.db.backends.postgresql":
+        # The step's hot path asks for prepared statements (controlplane.rows);
+        # Django's own queries never prepare. Off for poolers that cannot hold them.
+        prepared = env.boolean(
+            "DATABASE_PREPARED_STATEMENTS",
+            True,
+            help="PostgreSQL: prepare the step's statements once per connection "
+            "(false behind a pooler in transaction mode without prepared-statement "
+            "support).",
+        )
+        config.setdefault("OPTIONS", {})["prepare_threshold"] = 5 if prepared else None
     return config
 
 

@@ -9,11 +9,13 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from controlplane.rows import Select, Statement, statements_run
+from controlplane.rows import FirstStatement, Select, Statement, statements_run
 
 __all__ = ["recoverable_transaction", "recoverable_write", "sub_transaction"]
 
-_SYNC_COMMIT_OFF = "SET LOCAL synchronous_commit = off"
+# set_config, not SET LOCAL: in a pipeline the server takes SET LOCAL with a
+# warning that it is outside a transaction block (it is not, until the sync).
+_SYNC_COMMIT_OFF = "SELECT set_config('synchronous_commit', 'off', true)"
 
 
 @contextlib.contextmanager
@@ -32,7 +34,7 @@ def recoverable_transaction() -> Iterator[None]:
     outermost = not connection.in_atomic_block
     with transaction.atomic():
         if outermost and connection.vendor == "postgresql":
-            with connection.execute_wrapper(_FirstStatement(_SYNC_COMMIT_OFF)):
+            with connection.execute_wrapper(FirstStatement(_SYNC_COMMIT_OFF)):
                 yield
         else:
             yield
@@ -73,7 +75,7 @@ def sub_transaction() -> Iterator[None]:
         return
     name = f"cp_sub_{next(_sub_transactions)}"
     hooks = len(connection.run_on_commit)
-    first = _FirstStatement(f"SAVEPOINT {name}")
+    first = FirstStatement(f"SAVEPOINT {name}")
     try:
         with connection.execute_wrapper(first):
             yield
@@ -90,29 +92,3 @@ def sub_transaction() -> Iterator[None]:
         # inside that failed without its own savepoint asked for a rollback.
         connection.needs_rollback = False
         raise
-
-
-class _FirstStatement:
-    """An execute wrapper that sends `sql` in the same round trip as the next
-    statement (Django's psycopg cursors bind client-side, so several statements
-    go in one execute) and hands on that statement's result. A transaction that
-    runs none commits durably."""
-
-    def __init__(self, sql: str) -> None:
-        self.sql = sql
-        self.sent = False
-
-    def __call__(
-        self,
-        execute: Callable[..., Any],
-        query: str,
-        params: Any,
-        many: bool,
-        context: Any,
-    ) -> Any:
-        if self.sent or many:
-            return execute(query, params, many, context)
-        self.sent = True
-        result = execute(f"{self.sql}; {query}", params, many, context)
-        context["cursor"].nextset()  # the result of `query`, not of `sql`
-        return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -23,6 +24,7 @@ from controlplane.rows import (
 )
 from runs.models import Agent, Run, Step, ToolCall
 from runs.services import run_start
+from tests.wire import wire
 
 
 @pytest.fixture
@@ -175,41 +177,48 @@ def test_a_prepared_instances_insert_reads_its_late_fields_when_it_runs(
 
 
 def test_statements_run_in_order_and_report_each_ones_rows(run: Run) -> None:
-    """On PostgreSQL in one round trip; each one's own result: rows changed,
-    keys returned, instances found."""
+    """On PostgreSQL in one round trip, each a prepared statement; each one's own
+    result: rows changed, keys returned, instances found."""
     from django.db import connection
 
-    sent: list[str] = []
-
-    def recording(execute: Any, sql: str, *args: Any) -> Any:
-        sent.append(sql)
-        return execute(sql, *args)
-
-    statements = [
-        row_update_statement(Run, run.id, {"lease_owner": "a"}),
-        row_update_statement(Run, run.id, {"lease_owner": "lost"},
-                             where={"version": run.version + 5}),
-        row_update_statement(Run, run.id, {"stop_detail": "b"},
-                             where={"lease_owner": "a"}),
-    ]  # fmt: skip
     from tracing.models import RunEvent
 
-    insert = rows_insert_statement(
-        RunEvent, ["run", "seq", "type", "payload", "created_at"],
-        [[run.id, 100 + i, "x", {}, run.created_at] for i in range(2)],
-    )  # fmt: skip
-    select = instances_select(Run, {"id": run.id}, only=["lease_owner"])
-    with connection.execute_wrapper(recording):
-        changed, lost, detail, keys, found = statements_run(
-            [*statements, insert, select]
-        )
+    def batch(first_seq: int) -> list[Any]:
+        return [
+            row_update_statement(Run, run.id, {"lease_owner": "a"}),
+            row_update_statement(Run, run.id, {"lease_owner": "lost"},
+                                 where={"version": run.version + 5}),
+            row_update_statement(Run, run.id, {"stop_detail": "b"},
+                                 where={"lease_owner": "a"}),
+            rows_insert_statement(
+                RunEvent, ["run", "seq", "type", "payload", "created_at"],
+                [[run.id, first_seq + i, "x", {}, run.created_at] for i in range(2)],
+            ),
+            instances_select(Run, {"id": run.id}, only=["lease_owner"]),
+        ]  # fmt: skip
+
+    statements = batch(100)
+    with wire() as sent:
+        changed, lost, detail, keys, found = statements_run(statements)
     assert (changed, lost, detail) == (1, 0, 1)
     stored = list(RunEvent.objects.filter(run=run, seq__gte=100).order_by("seq"))
     assert keys == [e.pk for e in stored] and len(keys) == 2
     assert [r.lease_owner for r in found] == ["a"]  # it sees the writes before it
-    assert len(sent) == (1 if connection.vendor == "postgresql" else 5)
     stored_run = Run.objects.get(id=run.id)
     assert (stored_run.lease_owner, stored_run.stop_detail) == ("a", "b")
+    if connection.vendor != "postgresql":
+        assert sent.round_trips == 5
+        assert sent.executed == [s.sql for s in statements]
+    else:
+        assert sent.round_trips == 1
+        server_sql = [re.sub(r"\$\d+", "%s", sql) for sql in sent.executed]
+        assert server_sql == [s.sql for s in statements]
+        assert sent.prepared == sent.executed  # each prepared on the server
+        # The same shapes again run the statements prepared then: no parse.
+        with wire() as again:
+            assert statements_run(batch(200))[3] != keys
+        assert again.round_trips == 1
+        assert len(again.executed) == 5 and again.prepared == []
     assert statements_run([]) == []
 
 

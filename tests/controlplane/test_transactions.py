@@ -22,6 +22,7 @@ from controlplane.transactions import (
     sub_transaction,
 )
 from runs.models import Agent
+from tests.wire import wire
 from tracing.models import SpanPayload
 
 
@@ -72,22 +73,11 @@ def test_it_is_durable_inside_a_durable_transaction_and_rolls_back(
     assert synchronous_commit() in (None, "on")  # it was local to that transaction
 
 
-def executes() -> tuple[list[str], Any]:
-    sent: list[str] = []
-
-    def wrapper(execute: Any, sql: str, *args: Any) -> Any:
-        sent.append(sql)
-        return execute(sql, *args)
-
-    return sent, connection.execute_wrapper(wrapper)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_recoverable_write_is_its_own_transaction_in_one_round_trip(
     agent: Agent,
 ) -> None:
-    sent, recording = executes()
-    with recording:
+    with wire() as sent:
         won, found = recoverable_write(
             row_update_statement(Agent, agent.pk, {"name": "b"}, where={"slug": "a"}),
             instances_select(Agent, {"id": agent.pk}),
@@ -98,10 +88,12 @@ def test_a_recoverable_write_is_its_own_transaction_in_one_round_trip(
     assert (won, lost) == (1, 0)
     assert [a.name for a in found] == ["b"]  # the read comes after the write
     assert Agent.objects.get(pk=agent.pk).name == "b"  # committed, not "c"
-    # No BEGIN or COMMIT of its own; on PostgreSQL, the read in the same execute.
-    assert len(sent) == (2 if connection.vendor == "postgresql" else 3)
+    # No BEGIN or COMMIT of its own; on PostgreSQL, the read in the same round trip.
+    assert not [sql for sql in sent.executed if sql in ("BEGIN", "COMMIT")]
+    assert sent.round_trips == (2 if connection.vendor == "postgresql" else 3)
     if connection.vendor == "postgresql":
-        assert sent[0].startswith("SET LOCAL synchronous_commit = off; UPDATE")
+        assert "synchronous_commit" in sent.executed[0]
+        assert sent.executed[1].startswith('UPDATE "runs_agent"')
     assert not connection.in_atomic_block
     assert synchronous_commit() in (None, "on")  # local to its own transaction
 
@@ -132,8 +124,7 @@ def test_a_failed_sub_transaction_loses_only_its_own_writes_and_hooks(
     """The span store inside a step's closing write: a failure there must not
     cost the step its checkpoint, nor broadcast events that were rolled back."""
     ran: list[str] = []
-    sent, recording = executes()
-    with recording, transaction.atomic():
+    with wire() as sent, transaction.atomic():
         row_update(Agent, agent.pk, {"name": "b"})
         with pytest.raises(IntegrityError), sub_transaction():
             rows_insert(SpanPayload, PAYLOAD_COLUMNS, [payload_row(tenant, "1" * 64)])
@@ -147,10 +138,19 @@ def test_a_failed_sub_transaction_loses_only_its_own_writes_and_hooks(
     assert list(SpanPayload.objects.values_list("sha256", flat=True)) == ["2" * 64]
     assert ran == ["after"]
     if connection.vendor == "postgresql":
-        # Each savepoint went with its first statement; none was released. The
-        # statements: the update, two inserts, the rollback, one insert.
-        assert not [sql for sql in sent if sql.startswith(("SAVEPOINT", "RELEASE"))]
-        assert len(sent) == 5 and sent[3].startswith("ROLLBACK TO SAVEPOINT")
+        # Each savepoint went with its first statement; none was released.
+        assert not [sql for sql in sent.executed if sql.startswith("RELEASE")]
+        # (psycopg forgets its prepared statements after a rollback: DEALLOCATE.)
+        assert [
+            sql.split(" ")[0] for sql in sent.executed if sql != "DEALLOCATE ALL"
+        ] == [
+            "BEGIN", "UPDATE", "SAVEPOINT", "INSERT", "INSERT", "ROLLBACK",
+            "SAVEPOINT", "INSERT", "COMMIT",
+        ]  # fmt: skip
+        # Round trips: BEGIN, the update, the savepoint with the first insert, the
+        # second insert, the rollback, DEALLOCATE, the savepoint with the insert,
+        # COMMIT.
+        assert sent.round_trips == 8
 
 
 @pytest.mark.django_db(transaction=True)
