@@ -222,6 +222,29 @@ def test_statements_run_in_order_and_report_each_ones_rows(run: Run) -> None:
     assert statements_run([]) == []
 
 
+def test_without_prepared_statements_a_batch_still_shares_its_round_trip(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DATABASE_PREPARED_STATEMENTS=false (a pooler): nothing is prepared."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    postgresql = connection.vendor == "postgresql"
+    if postgresql:  # what the setting sets, on this test's connection
+        monkeypatch.setattr(connection.connection, "prepare_threshold", None)
+    statements = [
+        row_update_statement(Run, run.id, {"lease_owner": "c"}),
+        instances_select(Run, {"id": run.id}, only=["lease_owner"]),
+    ]
+    with wire() as sent:
+        changed, found = statements_run(statements)
+        statements_run(statements)
+    assert changed == 1 and [r.lease_owner for r in found] == ["c"]
+    assert sent.prepared == []
+    assert len(sent.executed) == 4
+    assert sent.round_trips == (2 if postgresql else 4)
+
+
 def test_plain_values_pass_as_the_fields_would_convert_them() -> None:
     """The shortcut for plain strings, numbers and booleans gives what each
     field's own conversion gives, on this database."""

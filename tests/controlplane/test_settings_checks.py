@@ -61,3 +61,14 @@ def test_unreachable_redis_is_reported_with_a_hint():
     assert "controlplane.W003" in result.stderr
     assert "Redis at REDIS_URL is not reachable" in result.stderr
     assert "HINT" in result.stderr
+
+
+def test_prepared_statements_are_on_for_postgresql_unless_turned_off(monkeypatch):
+    from controlplane import settings
+
+    url = "postgres://app@db.internal:5432/controlplane"
+    assert settings._database(url)["OPTIONS"]["prepare_threshold"] == 5
+    monkeypatch.setenv("DATABASE_PREPARED_STATEMENTS", "false")  # behind a pooler
+    assert settings._database(url)["OPTIONS"]["prepare_threshold"] is None
+    sqlite = settings._database("sqlite:////tmp/x.sqlite3")["OPTIONS"]
+    assert "prepare_threshold" not in sqlite
