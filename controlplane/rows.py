@@ -273,6 +273,8 @@ def statements_run(statements: Sequence[Statement | Select]) -> list[Any]:
     """Run the statements in order; each one's result: the rows a write changed,
     the keys an insert returned, the instances a select found. On PostgreSQL
     they go in one round trip, as prepared statements (`_pipelined`)."""
+    if not statements:
+        return []
     db = _db()
     if db.vendor == "postgresql":
         return _pipelined(db, statements)

@@ -219,7 +219,9 @@ def test_statements_run_in_order_and_report_each_ones_rows(run: Run) -> None:
             assert statements_run(batch(200))[3] != keys
         assert again.round_trips == 1
         assert len(again.executed) == 5 and again.prepared == []
-    assert statements_run([]) == []
+    with wire() as idle:
+        assert statements_run([]) == []
+    assert idle.round_trips == 0
 
 
 def test_without_prepared_statements_a_batch_still_shares_its_round_trip(
