@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+from celery.signals import before_task_publish
+from django.db import transaction
+
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from runs.models import Run, Step, ToolCall
 from runs.services import run_advance, run_start
 from runs.tools.shop_models import Replacement
+from tracing.spans import traceparent_for
 
 
 def test_demo_run_waits_for_approval_then_succeeds_with_one_replacement(
@@ -95,3 +102,35 @@ def test_final_answer_without_an_evaluator_is_unverified(
     run = drive_run(run)
     assert run.status == Run.Status.UNVERIFIED
     assert run.final_answer == "All done!"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_next_step_is_enqueued_after_commit_naming_its_run(
+    demo_agent, operator_user
+):
+    sent: list[tuple[Any, dict[str, Any], Any]] = []
+
+    def record(sender: Any = None, headers: Any = None, body: Any = None, **_: Any):
+        sent.append((sender, headers, body))
+
+    before_task_publish.connect(record)
+    try:
+        with transaction.atomic():
+            run = run_start(
+                tenant=demo_agent.tenant,
+                agent_slug="kettlecraft-support",
+                input="order 4821",
+                started_by=operator_user,
+            )
+            assert sent == []  # nothing goes out before the commit
+    finally:
+        before_task_publish.disconnect(record)
+    run.refresh_from_db()
+    ((sender, headers, (args, kwargs, _)),) = sent
+    assert sender == "runs.tasks.advance_run_task" and list(args) == []
+    assert kwargs == {
+        "run_id": str(run.id),
+        "step_token": str(run.step_token),
+        "traceparent": traceparent_for(run),
+    }
+    assert headers["kwargsrepr"] == f"{{'run_id': '{run.id}'}}"
