@@ -297,20 +297,20 @@ def _pipelined(db: Any, statements: Sequence[Statement | Select]) -> list[Any]:
     db.ensure_connection()
     db.validate_no_broken_transaction()
     first = [
-        wrapper.take() for wrapper in db.execute_wrappers
+        waiting for wrapper in db.execute_wrappers
         if isinstance(wrapper, FirstStatement)
+        and (waiting := wrapper.take()) is not None
     ]  # fmt: skip
     raw = db.connection
     cursors = [psycopg.RawCursor(raw) for _ in statements]
     try:
-        with db.wrap_database_errors, raw.pipeline():
-            for waiting in first:
-                if waiting is not None:  # a savepoint's name is new each time
-                    raw.execute(waiting, prepare=False)
-            for statement, cursor in zip(statements, cursors, strict=True):
-                sql = _numbered(statement.sql)
-                cursor.execute(sql, statement.params, prepare=True)
         with db.wrap_database_errors:
+            with raw.pipeline():
+                for waiting in first:  # unprepared: a savepoint name is new each time
+                    raw.execute(waiting, prepare=False)
+                for statement, cursor in zip(statements, cursors, strict=True):
+                    sql = _numbered(statement.sql)
+                    cursor.execute(sql, statement.params, prepare=True)
             return [
                 statement.result(cursor)
                 for statement, cursor in zip(statements, cursors, strict=True)

@@ -124,8 +124,9 @@ def _database(url: str) -> dict[str, Any]:
             "NAME": str(BASE_DIR / ".run" / f"test-db-{os.getpid()}.sqlite3")
         }
     elif config["ENGINE"] == "django.db.backends.postgresql":
-        # The step's hot path asks for prepared statements (controlplane.rows);
-        # Django's own queries never prepare. Off for poolers that cannot hold them.
+        # The step's hot path asks for prepared statements (controlplane.rows),
+        # which psycopg refuses while the threshold is None (Django's default);
+        # Django's own cursors never prepare. Off for poolers that cannot hold them.
         prepared = env.boolean(
             "DATABASE_PREPARED_STATEMENTS",
             True,
