@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -305,7 +306,9 @@ def _pipelined(db: Any, statements: Sequence[Statement | Select]) -> list[Any]:
     cursors = [psycopg.RawCursor(raw) for _ in statements]
     try:
         with db.wrap_database_errors:
-            with raw.pipeline():
+            # A lone statement is one round trip either way, and pipeline mode
+            # costs it half as much client CPU again (0.13 ms against 0.08).
+            with raw.pipeline() if first or len(statements) > 1 else nullcontext():
                 for waiting in first:  # unprepared: a savepoint name is new each time
                     raw.execute(waiting, prepare=False)
                 for statement, cursor in zip(statements, cursors, strict=True):

@@ -147,10 +147,10 @@ def test_a_failed_sub_transaction_loses_only_its_own_writes_and_hooks(
             "BEGIN", "UPDATE", "SAVEPOINT", "INSERT", "INSERT", "ROLLBACK",
             "SAVEPOINT", "INSERT", "COMMIT",
         ]  # fmt: skip
-        # Round trips: BEGIN, the update, the savepoint with the first insert, the
-        # second insert, the rollback, DEALLOCATE, the savepoint with the insert,
-        # COMMIT.
-        assert sent.round_trips == 8
+        # Round trips: BEGIN, the update (prepared first: a lone statement is not
+        # pipelined), the savepoint with the first insert, the second insert, the
+        # rollback, DEALLOCATE, the savepoint with the insert, COMMIT.
+        assert sent.round_trips == 9
 
 
 @pytest.mark.django_db(transaction=True)
