@@ -40,7 +40,12 @@ from controlplane.budget_models import (
     ModelPriceEntry,
 )
 from controlplane.models import Role, Tenant
-from controlplane.rows import OrNull, instances_where
+from controlplane.rows import (
+    ColumnOf,
+    OrNull,
+    Select,
+    instances_select,
+)
 from controlplane.services import audit_record
 from runs.engine.budget import BudgetLimits, BudgetVector, ModelPrice
 from runs.engine.stop import BUDGET_STOP_REASONS, StopReason
@@ -106,9 +111,21 @@ def model_price_for(*, model: str, tenant_id: Any) -> PriceLookup:
     An unknown price counts tokens at zero cost; whether the run may go on is
     decided at reservation time (the cost cannot be bounded).
     """
-    rows = instances_where(
+    return model_price_of(
+        model_price_select(model=model, tenant_id=tenant_id).run(), model=model
+    )
+
+
+def model_price_select(*, model: str | ColumnOf, tenant_id: Any) -> Select:
+    """`model_price_for`'s query, to run with others; `model` may be read by it
+    (the model an agent names: `ColumnOf(Agent, "model", agent_id)`)."""
+    return instances_select(
         ModelPriceEntry, {"tenant": OrNull(tenant_id), "model": model}
     )
+
+
+def model_price_of(rows: list[ModelPriceEntry], *, model: str) -> PriceLookup:
+    """`model_price_for` from what `model_price_select` found."""
     row = next((r for r in rows if r.tenant_id is not None), None) or next(
         iter(rows), None
     )

@@ -23,6 +23,7 @@ from django.db.models import Model
 from psycopg.types.json import Json, Jsonb
 
 __all__ = [
+    "ColumnOf",
     "EncodedJSON",
     "FirstStatement",
     "InstancesInsert",
@@ -62,12 +63,13 @@ _selects: dict[tuple[Any, ...], _Select] = {}
 def _select(
     model: type[Model],
     names: tuple[str, ...],
-    nulls: tuple[bool | str, ...],
+    nulls: tuple[bool | str | tuple[type[Model], str], ...],
     order_by: tuple[str, ...],
     limit: int,
     only: tuple[str, ...],
 ) -> _Select:
-    # nulls[i]: True (IS NULL), False (= %s) or "or_null" (= %s OR IS NULL)
+    # nulls[i]: True (IS NULL), False (= %s), "or_null" (= %s OR IS NULL) or
+    # (model, field) of a `ColumnOf` (= that column of the row whose key is %s)
     db = _db()
     key = (db.vendor, model, names, nulls, order_by, limit, only)
     found = _selects.get(key)
@@ -93,11 +95,15 @@ def _select(
         if null is True
         else f"({quote(field.column)} = %s OR {quote(field.column)} IS NULL)"
         if null == "or_null"
+        else f"{quote(field.column)} = {_column_of(*null)}"
+        if isinstance(null, tuple)
         else f"{quote(field.column)} = %s"
         for field, null in zip(fields, nulls, strict=True)
     )
     filtered = [
-        field for field, null in zip(fields, nulls, strict=True) if null is not True
+        null[0]._meta.pk if isinstance(null, tuple) else field
+        for field, null in zip(fields, nulls, strict=True)
+        if null is not True
     ]
     order = ", ".join(
         quote(field.column) + (" DESC" if name.startswith("-") else "")
@@ -125,6 +131,24 @@ class OrNull(NamedTuple):
     value: Any
 
 
+class ColumnOf(NamedTuple):
+    """In `instances_where`: the field equals `field` of the `model` row whose
+    key is `pk`, read by a subquery (so the two reads are one)."""
+
+    model: type[Model]
+    field: str
+    pk: Any
+
+
+def _column_of(model: type[Model], name: str) -> str:
+    quote = _db().ops.quote_name
+    column = cast(Any, model._meta.get_field(name)).column
+    return (
+        f"(SELECT {quote(column)} FROM {quote(model._meta.db_table)} "
+        f"WHERE {quote(cast(Any, model._meta.pk).column)} = %s)"
+    )
+
+
 def instances_where(
     model: type[Model],
     equal: Mapping[str, Any],
@@ -136,7 +160,8 @@ def instances_where(
     """Instances whose fields equal `equal`, as `filter(**equal)` would return
     them (values converted by the fields, as the ORM does), by one SQL text
     compiled once per shape. `order_by`: field names, `-` for descending; a None
-    value matches NULL, `OrNull(value)` the value or NULL; `only`: the fields to
+    value matches NULL, `OrNull(value)` the value or NULL, `ColumnOf(...)` a
+    column of another row; `only`: the fields to
     load (and the key), as `.only()`."""
     return instances_select(
         model, equal, order_by=order_by, limit=limit, only=only
@@ -153,14 +178,22 @@ def instances_select(
 ) -> Select:
     """`instances_where`'s query, to run later or with others (`statements_run`)."""
     nulls = tuple(
-        "or_null" if isinstance(value, OrNull) else value is None
+        "or_null"
+        if isinstance(value, OrNull)
+        else (value.model, value.field)
+        if isinstance(value, ColumnOf)
+        else value is None
         for value in equal.values()
     )
     sql, filtered, attnames, columns = _select(
         model, tuple(equal), nulls, tuple(order_by), limit, tuple(only)
     )
     matched = [
-        value.value if isinstance(value, OrNull) else value
+        value.value
+        if isinstance(value, OrNull)
+        else value.pk
+        if isinstance(value, ColumnOf)
+        else value
         for value in equal.values()
         if value is not None
     ]

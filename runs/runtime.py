@@ -21,6 +21,7 @@ from runs.tools.registry import tool_registry_for
 
 if TYPE_CHECKING:
     from controlplane.budget_models import Budget
+    from controlplane.budget_services import PriceLookup
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,14 @@ def model_adapter_for(agent: Agent, *, replies_consumed: int) -> ModelAdapter:
 
 
 def runtime_for(
-    run: Run, *, replies_consumed: int, budget: Budget | None
+    run: Run,
+    *,
+    replies_consumed: int,
+    budget: Budget | None,
+    price: PriceLookup | None = None,
 ) -> RunRuntime:
-    """`budget`: the run's tenant's (`budget_of`), read by the caller."""
+    """`budget`: the run's tenant's (`budget_of`), read by the caller; `price`:
+    the agent's model's, if the caller read it."""
     from controlplane.budget_services import (
         limits_with_extensions,
         model_price_for,
@@ -95,7 +101,8 @@ def runtime_for(
     )
 
     agent = run.agent
-    price = model_price_for(model=agent.model, tenant_id=run.tenant_id)
+    if price is None:
+        price = model_price_for(model=agent.model, tenant_id=run.tenant_id)
     # A ceiling lowered mid-run applies from the next step on; approved budget
     # extensions raise the caps from there.
     limits = limits_with_extensions(

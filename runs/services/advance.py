@@ -199,7 +199,9 @@ def run_advance(
     ctx = StepContext(
         run=run,
         state=state,
-        runtime=runtime_for(run, replies_consumed=run.steps, budget=lease.budget),
+        runtime=runtime_for(
+            run, replies_consumed=run.steps, budget=lease.budget, price=lease.price
+        ),
         started=time.monotonic(),
         base_wall_seconds=state.usage.wall_seconds,
     )

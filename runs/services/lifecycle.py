@@ -16,14 +16,18 @@ from django.utils import timezone
 from controlplane.budget_ledger import budget_select
 from controlplane.budget_models import Budget
 from controlplane.budget_services import (
+    PriceLookup,
     budget_admit_run,
     budget_release_run,
+    model_price_of,
+    model_price_select,
     run_slot_claim,
     runs_start_queued,
     tenant_run_ceiling,
 )
 from controlplane.models import Tenant
 from controlplane.rows import (
+    ColumnOf,
     Statement,
     instances_select,
     instances_where,
@@ -152,6 +156,7 @@ class Lease(NamedTuple):
     # this is a redelivery): what it left running must be swept.
     taken_over: bool
     budget: Budget | None  # the tenant's, read with the lease
+    price: PriceLookup  # of the agent's model, read with the lease
 
 
 def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
@@ -182,12 +187,16 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
         changes["started_at"] = now
     # Built before the transaction (on SQLite it holds the one write lock).
     take = row_update_statement(Run, run.id, changes, where={"version": run.version})
-    # Lost in a database crash: taken again. The run's agent and its tenant's
-    # budget are read with it (in its round trip on PostgreSQL).
-    won, agents, budgets = recoverable_write(
+    # Lost in a database crash: taken again. The run's agent, its tenant's
+    # budget and the price of the agent's model are read with it (in its round
+    # trip on PostgreSQL).
+    won, agents, budgets, prices = recoverable_write(
         take,
         instances_select(Agent, {"id": run.agent_id}),
         budget_select(run.tenant_id),
+        model_price_select(
+            model=ColumnOf(Agent, "model", run.agent_id), tenant_id=run.tenant_id
+        ),
     )
     if not won:
         return None
@@ -195,7 +204,8 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
     for name, value in changes.items():
         setattr(run, name, value)
     run.agent = agents[0]
-    return Lease(run, taken_over, budgets[0] if budgets else None)
+    price = model_price_of(prices, model=run.agent.model)
+    return Lease(run, taken_over, budgets[0] if budgets else None, price)
 
 
 class LeaseLost(Exception):

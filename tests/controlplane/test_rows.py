@@ -12,6 +12,7 @@ from django.forms.models import model_to_dict
 
 from controlplane.budget_models import ModelPriceEntry
 from controlplane.rows import (
+    ColumnOf,
     EncodedJSON,
     OrNull,
     instances_insert_prepare,
@@ -85,6 +86,29 @@ def test_none_matches_null_and_or_null_matches_either(
     assert [model_to_dict(r) for r in either] == [model_to_dict(r) for r in expected]
     assert {r.pk for r in either} == {shared.pk, own.pk}
     assert either[0].input_per_million == Decimal("3")
+
+
+def test_column_of_matches_a_column_of_another_row(
+    tenant: Any, other_tenant: Any
+) -> None:
+    """The price of the model an agent names, read in the same statement."""
+    agent = Agent.objects.create(tenant=tenant, slug="b", name="b", model="m2")
+    for owner, model in [(tenant, "m2"), (None, "m2"), (tenant, "m1"),
+                         (other_tenant, "m2")]:  # fmt: skip
+        ModelPriceEntry.objects.create(
+            tenant=owner, model=model, input_per_million=Decimal(1),
+            output_per_million=Decimal(1), cached_input_per_million=Decimal(1),
+        )  # fmt: skip
+    equal = {"tenant": OrNull(tenant.pk), "model": ColumnOf(Agent, "model", agent.pk)}
+    with wire() as sent:
+        found = instances_where(ModelPriceEntry, equal, order_by=["id"])
+    expected = ModelPriceEntry.objects.filter(
+        Q(tenant=tenant) | Q(tenant__isnull=True), model="m2"
+    ).order_by("id")
+    assert [model_to_dict(r) for r in found] == [model_to_dict(r) for r in expected]
+    assert len(found) == 2 and len(sent.executed) == 1  # one statement
+    gone = {"model": ColumnOf(Agent, "model", tenant.pk)}
+    assert instances_where(ModelPriceEntry, gone) == []  # no such agent
 
 
 def test_a_conditional_update_changes_only_a_matching_row(run: Run) -> None:
