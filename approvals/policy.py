@@ -23,12 +23,15 @@ from approvals.models import (
     ApprovalRequest,
 )
 from controlplane.models import Membership
-from controlplane.rows import instances_where
+from controlplane.rows import Select, instances_select
 from runs.engine.contracts import Effect, ToolContract
 from runs.engine.policy import PolicyAction, PolicyContext, PolicyDecision
 from runs.models import Run
 
 RULE_PREFIX = "tenant_rule:"
+# `PolicyContext.attributes` key: the tenant's rules, if the host read them
+# already (with other reads before the call, in one round trip).
+RULES_READ = "cp.policy_rules"
 GLOB_PATTERN = re.compile(r"^[A-Za-z0-9_*?\[\]!-]{1,64}$")
 APPROVER_ROLE_CHOICES = ("admin", "operator")
 
@@ -143,11 +146,9 @@ def tenant_policy(
     contract: ToolContract, arguments: Mapping[str, Any], context: PolicyContext
 ) -> PolicyDecision:
     """The engine's policy hook (settings.RUN_POLICY_HOOK)."""
-    rules = instances_where(
-        ApprovalPolicyRule,
-        {"tenant": context.tenant_id},
-        order_by=["position", "created_at"],
-    )
+    rules = context.attributes.get(RULES_READ)
+    if rules is None:
+        rules = policy_rules_select(context.tenant_id).run()
     for rule in rules:
         if not rule_matches(rule, contract, arguments):
             continue
@@ -180,6 +181,14 @@ def tenant_policy(
             ttl_seconds=rule.ttl_seconds or settings.APPROVAL_DEFAULT_TTL_SECONDS,
         )
     return _default_decision(contract, context)
+
+
+def policy_rules_select(tenant_id: Any) -> Select:
+    """The tenant's rules in the order they apply, to run with other reads; pass
+    what it found as `PolicyContext.attributes[RULES_READ]`."""
+    return instances_select(
+        ApprovalPolicyRule, {"tenant": tenant_id}, order_by=["position", "created_at"]
+    )
 
 
 def _default_decision(contract: ToolContract, context: PolicyContext) -> PolicyDecision:

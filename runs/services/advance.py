@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.policy import RULES_READ, policy_rules_select, tenant_policy
 from controlplane.budget_ledger import BudgetRefusal
 from controlplane.budget_services import (
     ExtensionAsk,
@@ -38,7 +39,7 @@ from controlplane.rows import (
     EncodedJSON,
     Statement,
     instances_insert_prepare,
-    instances_where,
+    instances_select,
     row_update_statement,
     statements_run,
 )
@@ -376,8 +377,9 @@ def _run_calls(
     `known`: the rows just created with the action (else they are read)."""
     rows = {row.call_id: row for row in (known or step.tool_calls.all())}
     for call in calls:
-        _stop_if_cancelled(ctx)
         row = rows[call.call_id]
+        gated = row.status == ToolCallRow.Status.PENDING
+        rules = _read_before_call(ctx, policy_rules=gated)
         if row.status in FINAL_CALL_STATUSES and row.result is not None:
             # Its result was stored but the transcript was not: replay, never re-run.
             _record(ctx, row, call, ToolResult.from_dict(row.result), row.status)
@@ -392,11 +394,13 @@ def _run_calls(
             approval_span_settle(ctx.run, tool_call=row)
             _resume_after_approval(ctx, row, call)
             continue
-        _gate_and_run(ctx, row, call)
+        _gate_and_run(ctx, row, call, rules)
     return list(rows.values())
 
 
-def _gate_and_run(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
+def _gate_and_run(
+    ctx: StepContext, row: ToolCallRow, call: ToolCall, rules: list[Any] | None
+) -> None:
     runtime = ctx.runtime
     gate = gate_tool_call(
         call,
@@ -406,6 +410,7 @@ def _gate_and_run(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
             run_id=str(ctx.run.id),
             tenant_id=str(ctx.run.tenant_id),
             agent_name=ctx.run.agent.slug,
+            attributes={} if rules is None else {RULES_READ: rules},
         ),
     )
     if gate.verdict is GateVerdict.REFUSE:
@@ -645,11 +650,17 @@ def _after_calls(ctx: StepContext, step: Step, rows: list[ToolCallRow]) -> None:
         _finish(ctx, reason, detail="the same action and observation repeated")
 
 
-def _stop_if_cancelled(ctx: StepContext) -> None:
-    # Read now, not from the run the step holds: an operator may have asked.
-    fresh = instances_where(Run, {"id": ctx.run.id}, only=["cancel_requested"])
+def _read_before_call(ctx: StepContext, *, policy_rules: bool) -> list[Any] | None:
+    """Read now, not from the run the step holds: an operator may have asked to
+    cancel, or changed the tenant's approval rules. With `policy_rules` (and the
+    tenant's policy as the hook) the rules come in the same round trip."""
+    reads = [instances_select(Run, {"id": ctx.run.id}, only=["cancel_requested"])]
+    if policy_rules and ctx.runtime.policy is tenant_policy:
+        reads.append(policy_rules_select(ctx.run.tenant_id))
+    fresh, *rules = statements_run(reads)
     if fresh and fresh[0].cancel_requested:
         _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
+    return rules[0] if rules else None
 
 
 def _finish(

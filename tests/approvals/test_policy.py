@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from approvals.models import ApprovalPolicyRule
-from approvals.policy import tenant_policy
+from approvals.policy import RULES_READ, policy_rules_select, tenant_policy
 from controlplane.services import membership_set
 from runs.engine.actions import ToolCall
 from runs.engine.contracts import Effect, ToolContract, ToolSource
@@ -15,6 +15,7 @@ from runs.engine.policy import PolicyAction, PolicyContext, decide_policy
 from runs.engine.step import GateVerdict, gate_tool_call
 from runs.engine.tools import Tool, ToolRegistry
 from runs.tools.registry import BUILTIN_TOOLS
+from tests.wire import wire
 
 REFUND = BUILTIN_TOOLS["refund"].contract
 LOOKUP = BUILTIN_TOOLS["lookup_order"].contract
@@ -47,6 +48,19 @@ def test_a_tenant_nobody_may_approve_in_denies_side_effects(tenant, viewer_user)
     assert decision.rule == "default.no_approver"
     # Read-only tools still run.
     assert tenant_policy(LOOKUP, {}, ctx(tenant)).action == PolicyAction.ALLOW
+
+
+def test_rules_the_host_read_already_are_not_read_again(tenant, operator_user):
+    rule(tenant, tool="lookup_*", action=ApprovalPolicyRule.Action.DENY)
+    rules = policy_rules_select(str(tenant.id)).run()
+    context = PolicyContext(
+        run_id=ctx(tenant).run_id,
+        tenant_id=str(tenant.id),
+        attributes={RULES_READ: rules},
+    )
+    with wire() as sent:
+        decision = tenant_policy(LOOKUP, {"order_id": "4821"}, context)
+    assert decision.action == PolicyAction.DENY and sent.executed == []
 
 
 def test_an_untrusted_tool_claiming_read_only_still_needs_approval(

@@ -134,3 +134,36 @@ def test_the_next_step_is_enqueued_after_commit_naming_its_run(
         "traceparent": traceparent_for(run),
     }
     assert headers["kwargsrepr"] == f"{{'run_id': '{run.id}'}}"
+
+
+def test_a_rule_added_while_the_model_thinks_applies_to_the_call_it_proposes(
+    tenant, scripted_agent, monkeypatch, drive_run
+):
+    """The tenant's rules are read just before the call (with the cancel flag),
+    not with the lease: an operator's deny during the model call stops it."""
+    from approvals.models import ApprovalPolicyRule
+    from runs.engine.adapters.scripted import ScriptedModel
+
+    scripted_agent(
+        [{"tool_calls": [{"id": "c1", "name": "echo", "arguments": {"text": "x"}}]},
+         {"text": "done"}],
+        ["echo"],
+    )  # fmt: skip
+    complete = ScriptedModel.complete
+
+    def deny_meanwhile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ApprovalPolicyRule.objects.create(
+            tenant=tenant, name="no echo", tool="echo",
+            action=ApprovalPolicyRule.Action.DENY,
+        )  # fmt: skip
+        return complete(self, *args, **kwargs)
+
+    monkeypatch.setattr(ScriptedModel, "complete", deny_meanwhile)
+    run = run_start(tenant=tenant, agent_slug="scripted", input="go", started_by=None)
+    run = drive_run(run)
+    assert run.status == Run.Status.POLICY_BLOCKED
+    assert run.stop_reason == "policy_denied"
+    call = ToolCall.objects.get(run=run)
+    assert call.status == "denied" and call.result["error"]["code"] == "EPERM"
+    assert "no echo" in call.result["error"]["message"]
+    assert run.steps == 1  # the model was not asked again
