@@ -43,14 +43,22 @@ def django_setup(database_url: str | None = None) -> str:
 
 
 class Workers:
-    """N real `celery worker` processes (concurrency 1 each) on this database."""
+    """N real `celery worker` processes (concurrency 1 each) on this database,
+    taking steps from `queue` (CELERY_QUEUE by default); the steps they enqueue
+    go to the same queue."""
 
-    def __init__(self, count: int, *, pool: str = "prefork") -> None:
+    def __init__(
+        self, count: int, *, pool: str = "prefork", queue: str | None = None
+    ) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.log = tempfile.NamedTemporaryFile(prefix="cp-bench-worker-")  # noqa: SIM115
         from controlplane.celery import app
 
         names = []
+        environ = dict(os.environ)
+        if queue is not None:
+            environ["CELERY_QUEUE"] = queue
+        self.queue = environ.get("CELERY_QUEUE", "")
         for index in range(count):
             name = f"bench-{index}-{uuid.uuid4().hex[:6]}@%h"
             names.append(name.replace("%h", os.uname().nodename))
@@ -59,7 +67,7 @@ class Workers:
                     [sys.executable, "-m", "celery", "-A", "controlplane", "worker",
                      "-P", pool, "-c", "1", "-n", name, "-l", "WARNING",
                      "--without-mingle", "--without-gossip"],
-                    cwd=BASE_DIR, env=dict(os.environ),
+                    cwd=BASE_DIR, env=environ,
                     stdout=self.log, stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
@@ -73,6 +81,12 @@ class Workers:
         self.log.seek(0)
         output = self.log.read().decode(errors="replace")[-3000:]
         raise RuntimeError(f"bench workers did not come up:\n{output}")
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         for process in self.processes:
