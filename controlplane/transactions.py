@@ -34,7 +34,8 @@ def recoverable_transaction() -> Iterator[None]:
     outermost = not connection.in_atomic_block
     with transaction.atomic():
         if outermost and connection.vendor == "postgresql":
-            with connection.execute_wrapper(FirstStatement(_SYNC_COMMIT_OFF)):
+            setting = FirstStatement(_SYNC_COMMIT_OFF, prepare=True)
+            with connection.execute_wrapper(setting):
                 yield
         else:
             yield

@@ -43,11 +43,13 @@ def synchronous_commit() -> str | None:
 
 @pytest.mark.django_db(transaction=True)
 def test_statements_in_it_return_their_own_results(tenant: Any, agent: Agent) -> None:
-    with recoverable_transaction():
+    with wire() as sent, recoverable_transaction():
         # The first statement shares its round trip with the setting.
         assert row_update(Agent, agent.pk, {"name": "b"}, where={"slug": "a"}) == 1
         assert row_update(Agent, agent.pk, {"name": "c"}, where={"slug": "x"}) == 0
         assert synchronous_commit() in (None, "off")
+    if connection.vendor == "postgresql":  # the same text each time: prepared
+        assert "synchronous_commit" in sent.prepared[0]
     with recoverable_transaction():  # an INSERT ... RETURNING first
         (pk,) = rows_insert(
             SpanPayload,
