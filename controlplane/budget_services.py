@@ -40,12 +40,7 @@ from controlplane.budget_models import (
     ModelPriceEntry,
 )
 from controlplane.models import Role, Tenant
-from controlplane.rows import (
-    ColumnOf,
-    OrNull,
-    Select,
-    instances_select,
-)
+from controlplane.rows import ColumnOf, OrNull, Select, instances_select
 from controlplane.services import audit_record
 from runs.engine.budget import BudgetLimits, BudgetVector, ModelPrice
 from runs.engine.stop import BUDGET_STOP_REASONS, StopReason
