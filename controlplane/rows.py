@@ -331,9 +331,8 @@ def _pipelined(db: Any, statements: Sequence[Statement | Select]) -> list[Any]:
     db.ensure_connection()
     db.validate_no_broken_transaction()
     first = [
-        (waiting, wrapper.prepare) for wrapper in db.execute_wrappers
-        if isinstance(wrapper, FirstStatement)
-        and (waiting := wrapper.take()) is not None
+        wrapper for wrapper in db.execute_wrappers
+        if isinstance(wrapper, FirstStatement) and wrapper.take()
     ]  # fmt: skip
     raw = db.connection
     firsts = [psycopg.RawCursor(raw) for _ in first]
@@ -343,8 +342,8 @@ def _pipelined(db: Any, statements: Sequence[Statement | Select]) -> list[Any]:
             # A lone statement is one round trip either way, and pipeline mode
             # costs it more client CPU (0.13 ms against 0.08).
             with raw.pipeline() if first or len(statements) > 1 else nullcontext():
-                for (waiting, prepare), cursor in zip(first, firsts, strict=True):
-                    cursor.execute(waiting.encode(), prepare=prepare)
+                for waiting, cursor in zip(first, firsts, strict=True):
+                    cursor.execute(waiting.sql.encode(), prepare=waiting.prepare)
                 for statement, cursor in zip(statements, cursors, strict=True):
                     sql = _numbered(statement.sql)
                     cursor.execute(sql, statement.params, prepare=True)
@@ -386,12 +385,12 @@ class FirstStatement:
         self.prepare = prepare
         self.sent = False
 
-    def take(self) -> str | None:
-        """Its SQL if it has not gone yet (it is then taken as sent)."""
+    def take(self) -> bool:
+        """Whether it has yet to go (it is then taken as sent)."""
         if self.sent:
-            return None
+            return False
         self.sent = True
-        return self.sql
+        return True
 
     def __call__(
         self,
