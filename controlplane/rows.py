@@ -312,12 +312,35 @@ def statements_run(statements: Sequence[Statement | Select]) -> list[Any]:
     db = _db()
     if db.vendor == "postgresql":
         return _pipelined(db, statements)
+    return _on_sqlite(db, statements)
+
+
+def _on_sqlite(db: Any, statements: Sequence[Statement | Select]) -> list[Any]:
+    """On the sqlite3 connection itself: Django's cursor wrappers (thread checks,
+    execute wrappers, a regular expression rewriting each `%s`) cost about as
+    much Python per statement as SQLite takes to run a step's small writes, and
+    inside a write transaction every other worker waits for it. A write outside
+    a transaction still queues for the writer lock (`controlplane.db`)."""
+    db.ensure_connection()
+    db.validate_no_broken_transaction()
+    cursor = db.connection.cursor()
     results = []
-    with db.cursor() as cursor:
-        for statement in statements:
-            cursor.execute(statement.sql, statement.params)
-            results.append(statement.result(cursor))
+    try:
+        with db.wrap_database_errors:
+            for statement in statements:
+                with db.writer_queued(statement.sql):
+                    cursor.execute(_qmarked(statement.sql), statement.params)
+                    results.append(statement.result(cursor))
+    finally:
+        cursor.close()
     return results
+
+
+@functools.lru_cache(maxsize=1024)
+def _qmarked(sql: str) -> str:
+    """The SQL with sqlite3's `?` placeholders (the SQL built here has no other
+    `%`)."""
+    return sql.replace("%s", "?")
 
 
 def _pipelined(db: Any, statements: Sequence[Statement | Select]) -> list[Any]:

@@ -1,6 +1,7 @@
-"""What the test's connection sent the database: on PostgreSQL read from libpq's
-own protocol trace (so statements that bypass Django's cursors count too), on
-SQLite from an execute wrapper (every execute is a call into the library)."""
+"""What the test's connection sent the database, read from the library's own
+trace (so statements that bypass Django's cursors count too): libpq's protocol
+trace on PostgreSQL, sqlite3's trace callback on SQLite (every statement is a
+call into the library, its parameters shown inline)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.db import connection
 
@@ -46,19 +46,21 @@ class Wire:
 @contextlib.contextmanager
 def wire() -> Iterator[Wire]:
     found = Wire()
+    connection.ensure_connection()
     if connection.vendor != "postgresql":
 
-        def record(execute: Any, sql: str, *args: Any) -> Any:
+        def record(sql: str) -> None:
             found.executed.append(sql)
             found.round_trips += 1
-            return execute(sql, *args)
 
-        with connection.execute_wrapper(record):
+        connection.connection.set_trace_callback(record)
+        try:
             yield found
+        finally:
+            connection.connection.set_trace_callback(None)
         return
     from psycopg.pq import Trace
 
-    connection.ensure_connection()
     pgconn = connection.connection.pgconn
     with tempfile.TemporaryFile("w+b") as trace:
         pgconn.trace(trace.fileno())

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.rows import (
+    EncodedJSON,
     Statement,
     row_update,
     rows_insert_statement,
@@ -288,6 +289,8 @@ class PreparedSpans:
     # Their inserts, values converted (payload bodies, attributes, times).
     payload_insert: Statement | None
     span_insert: Statement | None
+    # The event of each new row, encoded but for the row's key (by handle).
+    new_events: dict[int, tuple[str, dict[str, Any], str]]
 
 
 def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
@@ -325,7 +328,17 @@ def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
             [[getattr(row, attname) for attname in _SPAN_ATTNAMES]
              for row in new_rows.values()],
         )  # fmt: skip
-    return PreparedSpans(prepared, new_rows, payload_insert, span_insert)
+    new_events = {}
+    for handle, row in new_rows.items():
+        # Stored complete, its `span.ended` says it all (no `span.started` first).
+        ended = row.ended_at is not None
+        event = span_event_payload(row)
+        del event["id"]
+        if ended:
+            event["first_event"] = True
+        kind = "span.ended" if ended else "span.started"
+        new_events[handle] = (kind, event, json.dumps(event))
+    return PreparedSpans(prepared, new_rows, payload_insert, span_insert, new_events)
 
 
 def spans_write(spans: PreparedSpans) -> None:
@@ -341,26 +354,29 @@ def spans_write(spans: PreparedSpans) -> None:
                 new.pk = pk
         events: dict[tuple[Any, Any], list[tuple[str, dict[str, Any]]]] = {}
         for write, attributes, payloads in prepared:
-            row = new_rows.get(id(write.handle))
-            if not write.ended:
-                assert row is not None
-                write.handle.pk = row.pk
-                if row.ended_at is not None:
-                    continue  # stored complete: its `span.ended` says it all
-                events.setdefault((write.run_id, write.tenant_id), []).append(
-                    ("span.started", span_event_payload(row))
-                )
+            handle = id(write.handle)
+            row = new_rows.get(handle)
+            if row is not None:
+                if not write.ended:
+                    write.handle.pk = row.pk
+                if write.ended == (row.ended_at is not None):  # one event a row
+                    events.setdefault((write.run_id, write.tenant_id), []).append(
+                        _keyed_event(row.pk, *spans.new_events[handle])
+                    )
                 continue
-            ended = span_event_payload(row) if row else None
-            if ended is not None:  # stored complete: no `span.started` came first
-                ended["first_event"] = True
-            else:
-                ended = span_event_payload(_leased_end(write, attributes, payloads))
+            ended = span_event_payload(_leased_end(write, attributes, payloads))
             events.setdefault((write.run_id, write.tenant_id), []).append(
                 ("span.ended", ended)
             )
         for (run_id, tenant_id), run_events in events.items():
             run_events_append(run=_run_ref(run_id, tenant_id), events=run_events)
+
+
+def _keyed_event(
+    pk: int, kind: str, event: dict[str, Any], text: str
+) -> tuple[str, dict[str, Any]]:
+    """A new row's event with its key first, as `span_event_payload` puts it."""
+    return kind, EncodedJSON({"id": pk, **event}, f'{{"id": {int(pk)}, {text[1:]}')
 
 
 _SPAN_COLUMNS = [

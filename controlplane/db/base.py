@@ -17,9 +17,11 @@ passive checkpoint runs beside the next writer.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import sqlite3
+from collections.abc import Iterator
 from typing import Any
 
 from django.db.backends.sqlite3 import base
@@ -98,15 +100,24 @@ class DatabaseWrapper(base.DatabaseWrapper):
                 self._writer_file.close()
                 self._writer_file = None
 
-    def _queue_autocommit_write(
-        self, execute: Any, sql: str, params: Any, many: bool, context: Any
-    ) -> Any:
-        # A write outside a transaction is a transaction of its own.
-        if self.in_atomic_block or not sql.lstrip()[:7].upper().startswith(_WRITES):
-            return execute(sql, params, many, context)
-        taken = self._writer_acquire()
+    @contextlib.contextmanager
+    def writer_queued(self, sql: str) -> Iterator[None]:
+        """Around running `sql` (and reading its result: an INSERT … RETURNING
+        commits when its last row is read): a write outside a transaction is a
+        transaction of its own, so it queues for the writer lock."""
+        taken = (
+            not self.in_atomic_block
+            and sql.lstrip()[:7].upper().startswith(_WRITES)
+            and self._writer_acquire()
+        )
         try:
-            return execute(sql, params, many, context)
+            yield
         finally:
             if taken:
                 self._writer_release()
+
+    def _queue_autocommit_write(
+        self, execute: Any, sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        with self.writer_queued(sql):
+            return execute(sql, params, many, context)

@@ -72,3 +72,30 @@ def test_a_write_transaction_holds_the_writer_lock_until_its_commit(
     assert sqlite._writer_held
     sqlite.commit()
     assert not sqlite._writer_held
+
+
+def test_hot_path_writes_outside_a_transaction_queue_for_the_writer_lock(
+    sqlite: Any,
+) -> None:
+    """`statements_run` bypasses Django's cursors on SQLite; a write of its own
+    still takes the writer lock while it runs and its returned keys are read
+    (an INSERT … RETURNING commits when its last row is read), a read does not."""
+    from controlplane.rows import Statement, _on_sqlite
+
+    held: list[tuple[str, bool]] = []
+    sqlite.ensure_connection()
+    sqlite.connection.set_trace_callback(
+        lambda sql: held.append((sql.split()[0], sqlite._writer_held))
+    )
+    keys, changed, read = _on_sqlite(sqlite, [
+        Statement("INSERT INTO item (n) VALUES (%s), (%s) RETURNING id", [1, 2],
+                  returns=True),
+        Statement("UPDATE item SET n = %s WHERE n = %s", [3, 2]),
+        Statement("SELECT n FROM item", []),
+    ])  # fmt: skip
+    assert len(keys) == 2 and changed == 1
+    assert held == [("INSERT", True), ("UPDATE", True), ("SELECT", False)]
+    assert not sqlite._writer_held
+    with sqlite.cursor() as cursor:
+        cursor.execute("SELECT n FROM item ORDER BY id")
+        assert cursor.fetchall() == [(1,), (3,)]  # each committed on its own
