@@ -153,6 +153,14 @@ _REDIS = REDIS_URL or "redis://127.0.0.1:6379/0"
 CELERY_BROKER_URL = _REDIS
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
+# The parent holds a delivered message until the task acks it (a pool process
+# that dies has it requeued), but does not also copy it into Redis's "unacked"
+# hash: that bookkeeping cost two Redis transactions per step, and it only
+# restores the message of a worker that died whole after the visibility
+# timeout (an hour). Runs do not rely on it: a run whose worker vanished is
+# re-enqueued once its lease expires (recover_stalled_runs_task), and a
+# periodic task runs again at its next beat.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"ack_emulation": False}
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"

@@ -126,8 +126,8 @@ def test_read_only_call_killed_after_the_action_was_persisted_runs_once_more(
 def test_whole_worker_killed_mid_call_is_recovered_by_another_worker(
     shop, scripted_agent, operator_user, tmp_path, settings
 ):
-    """A solo worker dies whole (its message stays unacked in Redis); once the
-    lease expires the recovery sweep hands the run to a new worker."""
+    """A solo worker dies whole (its message dies with it); once the lease
+    expires the recovery sweep hands the run to a new worker."""
     settings.RUN_LEASE_SECONDS = 2.0
     lease = {"RUN_LEASE_SECONDS": "2"}
     first = start_worker(
