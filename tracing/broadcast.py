@@ -20,6 +20,7 @@ import concurrent.futures
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -75,7 +76,7 @@ class Broadcaster:
 
     async def _send(self, group: str, message: dict[str, Any]) -> None:
         layer = get_channel_layer()
-        if layer is not None:
+        if layer is not None and await _has_members(layer, group):
             await layer.group_send(group, message)
 
     def _put_all(self, items: list[Message]) -> None:
@@ -121,6 +122,20 @@ class Broadcaster:
         except concurrent.futures.TimeoutError:
             return False
         return True
+
+
+async def _has_members(layer: Any, group: str) -> bool:
+    """Whether anyone listens to the group, in one round trip (channels-redis's
+    group_send spends two to find out, and most runs are not watched live)."""
+    if not hasattr(layer, "_group_key"):  # not channels-redis: let it decide
+        return True
+    key = layer._group_key(group)
+    connection = layer.connection(layer.consistent_hash(group))
+    async with connection.pipeline(transaction=False) as pipe:
+        pipe.zremrangebyscore(key, min=0, max=int(time.time()) - layer.group_expiry)
+        pipe.zcard(key)
+        _, members = await pipe.execute()
+    return bool(members)
 
 
 def _by_group(items: list[Message]) -> list[tuple[str, dict[str, Any]]]:

@@ -88,3 +88,20 @@ def test_the_broadcast_follows_the_commit_and_reaches_run_and_tenant(
     finally:
         async_to_sync(layer.group_discard)(f"run.{run.id}", run_channel)
         async_to_sync(layer.group_discard)(f"tenant.{run.tenant_id}", tenant_channel)
+
+
+def test_a_group_nobody_listens_to_is_not_sent_to() -> None:
+    """Most runs are not watched: the broadcaster asks whether the group has
+    members (one round trip) before channels-redis's group_send."""
+    import uuid
+
+    from tracing.broadcast import _has_members
+
+    layer = get_channel_layer()
+    group = f"run.{uuid.uuid4()}"
+    assert not async_to_sync(_has_members)(layer, group)
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(group, channel)
+    assert async_to_sync(_has_members)(layer, group)
+    async_to_sync(layer.group_discard)(group, channel)
+    assert not async_to_sync(_has_members)(layer, group)
