@@ -87,7 +87,7 @@ def test_hot_path_writes_outside_a_transaction_queue_for_the_writer_lock(
     sqlite.connection.set_trace_callback(
         lambda sql: held.append((sql.split()[0], sqlite._writer_held))
     )
-    keys, changed, read = _on_sqlite(sqlite, [
+    keys, changed, _ = _on_sqlite(sqlite, [
         Statement("INSERT INTO item (n) VALUES (%s), (%s) RETURNING id", [1, 2],
                   returns=True),
         Statement("UPDATE item SET n = %s WHERE n = %s", [3, 2]),

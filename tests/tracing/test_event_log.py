@@ -10,7 +10,7 @@ from django.db import transaction
 from runs.models import Run
 from runs.services import run_start
 from tracing import services as tracing_services
-from tracing.models import RunEvent
+from tracing.models import RunEvent, Span
 from tracing.services import run_event_append, run_events_append
 
 
@@ -105,3 +105,44 @@ def test_a_group_nobody_listens_to_is_not_sent_to() -> None:
     assert async_to_sync(_has_members)(layer, group)
     async_to_sync(layer.group_discard)(group, channel)
     assert not async_to_sync(_has_members)(layer, group)
+
+
+def test_a_span_batch_logs_each_new_row_once_with_its_stored_key(run: Run) -> None:
+    """The events of new span rows are encoded before the transaction and get
+    their row's key after the insert: what is stored is the row's wire form."""
+    from django.utils import timezone
+
+    from tracing.store import (
+        SpanHandle,
+        SpanRecord,
+        SpanWrite,
+        span_event_payload,
+        spans_store,
+    )
+
+    now = timezone.now()
+
+    def record(span_id: str, ended: bool) -> SpanRecord:
+        return SpanRecord(
+            trace_id="ab" * 16, span_id=span_id, parent_span_id="", name=span_id,
+            kind="internal", started_at=now, attributes={"k": "é", "n": 1},
+            ended_at=now if ended else None, status="ok" if ended else "running",
+        )  # fmt: skip
+
+    complete, running = SpanHandle(), SpanHandle()
+    spans_store([
+        SpanWrite(run.pk, run.tenant_id, record("c" * 16, False), complete, False),
+        SpanWrite(run.pk, run.tenant_id, record("d" * 16, False), running, False),
+        SpanWrite(run.pk, run.tenant_id, record("c" * 16, True), complete, True),
+    ])  # fmt: skip
+    events = list(
+        RunEvent.objects.filter(run=run, type__startswith="span.").order_by("seq")
+    )
+    rows = {row.pk: row for row in Span.objects.filter(run=run)}
+    assert [e.type for e in events] == ["span.started", "span.ended"]
+    assert events[0].payload == span_event_payload(rows[running.pk])
+    assert events[1].payload == {
+        **span_event_payload(rows[complete.pk]),
+        "first_event": True,
+    }
+    assert list(events[1].payload)[0] == "id"  # the key first, as the stream has it
