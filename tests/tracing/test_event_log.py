@@ -139,6 +139,7 @@ def test_a_span_batch_logs_each_new_row_once_with_its_stored_key(run: Run) -> No
         RunEvent.objects.filter(run=run, type__startswith="span.").order_by("seq")
     )
     assert [e.type for e in events] == ["span.started", "span.ended"]
+    assert running.pk is not None and complete.pk is not None  # the keys came back
     assert events[0].payload == span_event_payload(Span.objects.get(pk=running.pk))
     assert events[1].payload == {
         **span_event_payload(Span.objects.get(pk=complete.pk)),
