@@ -289,8 +289,8 @@ class PreparedSpans:
     # Their inserts, values converted (payload bodies, attributes, times).
     payload_insert: Statement | None
     span_insert: Statement | None
-    # The event of each new row, encoded but for the row's key (by handle).
-    new_events: dict[int, tuple[str, dict[str, Any], str]]
+    # The event of each new row and its encoding, but for the row's key (by handle).
+    new_events: dict[int, tuple[dict[str, Any], str]]
 
 
 def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
@@ -330,14 +330,11 @@ def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
         )  # fmt: skip
     new_events = {}
     for handle, row in new_rows.items():
-        # Stored complete, its `span.ended` says it all (no `span.started` first).
-        ended = row.ended_at is not None
         event = span_event_payload(row)
         del event["id"]
-        if ended:
+        if row.ended_at is not None:  # stored complete: no `span.started` first
             event["first_event"] = True
-        kind = "span.ended" if ended else "span.started"
-        new_events[handle] = (kind, event, json.dumps(event))
+        new_events[handle] = (event, json.dumps(event))
     return PreparedSpans(prepared, new_rows, payload_insert, span_insert, new_events)
 
 
@@ -360,8 +357,9 @@ def spans_write(spans: PreparedSpans) -> None:
                 if not write.ended:
                     write.handle.pk = row.pk
                 if write.ended == (row.ended_at is not None):  # one event a row
+                    kind = "span.ended" if write.ended else "span.started"
                     events.setdefault((write.run_id, write.tenant_id), []).append(
-                        _keyed_event(row.pk, *spans.new_events[handle])
+                        (kind, _keyed_event(row.pk, *spans.new_events[handle]))
                     )
                 continue
             ended = span_event_payload(_leased_end(write, attributes, payloads))
@@ -372,11 +370,9 @@ def spans_write(spans: PreparedSpans) -> None:
             run_events_append(run=_run_ref(run_id, tenant_id), events=run_events)
 
 
-def _keyed_event(
-    pk: int, kind: str, event: dict[str, Any], text: str
-) -> tuple[str, dict[str, Any]]:
+def _keyed_event(pk: int, event: dict[str, Any], text: str) -> EncodedJSON:
     """A new row's event with its key first, as `span_event_payload` puts it."""
-    return kind, EncodedJSON({"id": pk, **event}, f'{{"id": {int(pk)}, {text[1:]}')
+    return EncodedJSON({"id": pk, **event}, f'{{"id": {int(pk)}, {text[1:]}')
 
 
 _SPAN_COLUMNS = [
