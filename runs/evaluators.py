@@ -64,7 +64,9 @@ class ReplacementShippedEvaluator:
                 continue
             data = observation.get("data")
             if observation.get("ok") and isinstance(data, dict):
-                shipped[str(data.get("replacement_id"))] = str(data.get("delivery_date"))
+                shipped[str(data.get("replacement_id"))] = str(
+                    data.get("delivery_date")
+                )
             elif isinstance(observation.get("error"), dict):
                 refused.append(str(observation["error"].get("message", "")))
         if not shipped:
