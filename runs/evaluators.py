@@ -2,36 +2,86 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from runs.engine.evaluator import Evaluation, EvaluationSubject, Evaluator, Verdict
-from runs.models import Run
-from runs.tools.shop_models import Replacement
 
 DEMO_ORDER_ID = "4821"
 
 
+def _json_object(text: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def recorded_calls(
+    messages: Sequence[Mapping[str, Any]], tool_name: str
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each call of `tool_name` in the transcript with the host-recorded
+    observation that answered it: (arguments, observation body)."""
+    observations = {
+        str(m.get("tool_call_id")): _json_object(m.get("content"))
+        for m in messages
+        if m.get("role") == "tool"
+    }
+    for message in messages:
+        if message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            if function.get("name") == tool_name:
+                yield (
+                    _json_object(function.get("arguments")),
+                    observations.get(str(call.get("id")), {}),
+                )
+
+
 @dataclass(frozen=True)
 class ReplacementShippedEvaluator:
-    """Kettlecraft: exactly one replacement for the order, and the answer gives its
-    delivery date (checked against the shop's state, not the transcript)."""
+    """Kettlecraft: this run shipped exactly one replacement for the order, and its
+    answer gives that replacement's delivery date.
 
-    tenant_id: str
+    It judges from the run's recorded observations (tool results the host
+    recorded, never the model's words), so it counts only what this run did (other
+    runs of the same order do not), and a replay judges exactly as the run did
+    without reading the live shop."""
+
     order_id: str = DEMO_ORDER_ID
 
     def evaluate(self, subject: EvaluationSubject) -> Evaluation:
-        replacements = list(
-            Replacement.objects.filter(
-                order__tenant_id=self.tenant_id, order__order_id=self.order_id
-            )
-        )
-        if len(replacements) != 1:
+        shipped: dict[str, str] = {}
+        refused: list[str] = []
+        for arguments, observation in recorded_calls(
+            subject.messages, "create_replacement"
+        ):
+            if str(arguments.get("order_id")) != self.order_id:
+                continue
+            data = observation.get("data")
+            if observation.get("ok") and isinstance(data, dict):
+                shipped[str(data.get("replacement_id"))] = str(
+                    data.get("delivery_date")
+                )
+            elif isinstance(observation.get("error"), dict):
+                refused.append(str(observation["error"].get("message", "")))
+        if not shipped:
+            why = f": {refused[-1]}" if refused else ""
             return Evaluation(
                 Verdict.FAILED,
-                f"expected exactly one replacement for order {self.order_id}, "
-                f"found {len(replacements)}",
+                f"no replacement was shipped for order {self.order_id}{why}",
             )
-        date = replacements[0].delivery_date.isoformat()
+        if len(shipped) > 1:
+            return Evaluation(
+                Verdict.FAILED,
+                f"this run shipped {len(shipped)} replacements for order "
+                f"{self.order_id}, expected one",
+            )
+        (date,) = shipped.values()
         if date not in subject.final_text:
             return Evaluation(
                 Verdict.FAILED, f"the answer does not give the delivery date {date}"
@@ -42,8 +92,8 @@ class ReplacementShippedEvaluator:
 EVALUATORS = {"kettlecraft_replacement": ReplacementShippedEvaluator}
 
 
-def evaluator_for(name: str, *, run: Run) -> Evaluator | None:
+def evaluator_for(name: str) -> Evaluator | None:
     """The agent's evaluator, or None (the run then ends `unverified`)."""
     if not name:
         return None
-    return EVALUATORS[name](tenant_id=str(run.tenant_id))
+    return EVALUATORS[name]()

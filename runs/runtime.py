@@ -120,7 +120,7 @@ def runtime_for(
         model=model_adapter_for(agent, replies_consumed=replies_consumed),
         policy=import_string(settings.RUN_POLICY_HOOK),
         limits=limits,
-        evaluator=evaluator_for(agent.evaluator, run=run),
+        evaluator=evaluator_for(agent.evaluator),
         price_known=price.known,
         budget=budget,
     )

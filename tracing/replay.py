@@ -2,7 +2,9 @@
 
 The model is the scripted model built from the run's recorded replies; every
 tool is answered from the run's recorded results (by call id) and never
-executed; approvals resolve as they were decided. Nothing is written.
+executed; approvals resolve as they were decided; the agent's evaluator judges
+the replayed transcript (evaluators read recorded observations, never the live
+world). Nothing is written.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.budget_ledger import budget_of
+from runs.engine.adapters.scripted import ScriptedModel
 from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.loop import ApprovalResolution, run_in_process
 from runs.engine.tools import Tool, ToolContext, ToolRegistry
@@ -55,8 +58,6 @@ def run_replay(*, run: Run) -> ReplayReport:
     results = {cid: row.result for cid, row in calls.items() if row.result is not None}
     runtime = runtime_for(run, replies_consumed=0, budget=budget_of(run.tenant_id))
     registry = ToolRegistry([_recorded_tool(t, results) for t in runtime.registry])
-    from runs.engine.adapters.scripted import ScriptedModel
-
     model = ScriptedModel.from_recorded([step.reply for step in steps])
 
     def approver(call: Any, tool: Any, decision: Any) -> ApprovalResolution:
@@ -72,6 +73,7 @@ def run_replay(*, run: Run) -> ReplayReport:
         limits=runtime.limits,
         policy=runtime.policy,
         approver=approver,
+        evaluator=runtime.evaluator,
         run_id=str(run.id),
         tenant_id=str(run.tenant_id),
     )

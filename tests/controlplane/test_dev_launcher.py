@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from controlplane.embedded_redis import free_local_port
 
@@ -122,3 +125,111 @@ def test_signals_stop_the_supervisor_loop_even_in_a_storm(tmp_path):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def read_until(
+    process: subprocess.Popen[str], prefix: str, timeout: float
+) -> list[str]:
+    """The process's output lines up to the first that starts with `prefix`, or
+    what came before `timeout` (the process is then killed)."""
+    assert process.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.2)
+        if ready:
+            line = process.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith(prefix):
+                return lines
+    process.kill()
+    return lines
+
+
+def test_the_readme_cli_beside_make_run_reaches_its_workers_every_time(tmp_path):
+    """A second shell's `manage.py run_agent ... --wait` (no REDIS_URL) finds the
+    embedded Redis of the running `manage.py dev`, a worker takes the run at once
+    (not beat's stalled-run recovery), and the approved demo succeeds three times
+    in a row on one database."""
+    port = free_local_port()
+    environ = {
+        k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}
+    }
+    environ.update(
+        DATABASE_URL=f"sqlite:///{tmp_path / 'dev.sqlite3'}",
+        DEMO_PASSWORD="launcher-test-pw",
+        PYTHONUNBUFFERED="1",
+    )
+    log = (tmp_path / "dev.log").open("w+")
+    launcher = subprocess.Popen(
+        [sys.executable, "manage.py", "dev", "--port", str(port)],
+        cwd=BASE_DIR, env=environ, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    published = BASE_DIR / ".run" / "redis.json"
+    try:
+        deadline = time.monotonic() + 120
+        while "Ready: " not in (tmp_path / "dev.log").read_text():
+            assert launcher.poll() is None, (tmp_path / "dev.log").read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert json.loads(published.read_text())["pid"] == launcher.pid
+        token = subprocess.run(
+            [sys.executable, "manage.py", "issue_token",
+             "--tenant", "kettlecraft", "--user", "operator"],
+            cwd=BASE_DIR, env=environ, capture_output=True, text=True, check=True,
+        ).stdout.strip().splitlines()[-1]  # fmt: skip
+        for attempt in range(3):
+            cli = subprocess.Popen(
+                [sys.executable, "manage.py", "run_agent", "kettlecraft-support",
+                 "--input", "Order 4821 arrived damaged", "--wait", "--timeout", "90"],
+                cwd=BASE_DIR, env=environ, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+            lines = read_until(cli, "waiting for approval ", timeout=30)
+            # Taken by a worker at once; the stalled-run recovery needs 2 minutes.
+            assert lines and lines[-1].startswith("waiting for approval "), lines
+            approval_id = lines[-1].split()[3]
+            assert lines[-1].strip().endswith("of create_replacement"), lines
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/api/v1/approvals/{approval_id}/decide/",
+                data=json.dumps({"decision": "approve"}).encode(),
+                headers={"Authorization": f"Bearer {token}",
+                         "Content-Type": "application/json"},
+                method="POST",
+            )  # fmt: skip
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200
+            try:
+                rest, _ = cli.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                cli.kill()
+                raise
+            assert cli.returncode == 0, (attempt, "".join(lines) + rest)
+            assert " succeeded: stop_reason=done" in rest
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(60)
+    assert not published.exists()  # a stopped launcher leaves no stale URL
+
+
+def test_the_cli_says_clearly_that_nothing_is_running(db, tenant):
+    """With no Redis to reach, `run_agent` refuses before writing anything."""
+    from django.core.management import CommandError, call_command
+
+    from controlplane.celery import app as celery_app
+    from runs.demo import demo_seed_shop
+    from runs.models import Run
+
+    demo_seed_shop(tenant=tenant)
+    broker = celery_app.conf.broker_url
+    celery_app.conf.broker_url = f"redis://127.0.0.1:{free_local_port()}/0"
+    try:
+        with pytest.raises(CommandError, match="Nothing is running: no Redis at"):
+            call_command(
+                "run_agent", "kettlecraft-support", "--input", "hello", "--wait"
+            )
+    finally:
+        celery_app.conf.broker_url = broker
+    assert Run.objects.count() == 0

@@ -2,8 +2,11 @@
 
 A script entry is a `ModelReply` or a plain dict:
 `{"tool_calls": [{"name": ..., "arguments": {...} | "<raw>", "id": ...}],
-"text": ..., "finish_reason": ..., "usage": {...}}`. `from_recorded` replays the
-replies of a recorded run (`ModelReply.to_dict()` rows).
+"text": ..., "finish_reason": ..., "usage": {...}}`, optionally with
+`"on_error": {"<call id>": <entry>}`: the reply given instead when that call's
+observation was an error (a denied approval, a failed tool), so a script can
+answer truthfully on either path. `from_recorded` replays the replies of a
+recorded run (`ModelReply.to_dict()` rows).
 """
 
 from __future__ import annotations
@@ -23,16 +26,29 @@ ScriptEntry = ModelReply | Mapping[str, Any]
 _PLACEHOLDER = re.compile(r"\{\{([A-Za-z0-9_.-]+)\.([A-Za-z0-9_]+)\}\}")
 
 
-def fill_placeholders(text: str, messages: Sequence[Mapping[str, Any]]) -> str:
-    observed: dict[str, Any] = {}
+def _observations(messages: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each answered call's observation body, by call id."""
+    observed: dict[str, dict[str, Any]] = {}
     for message in messages:
         if message.get("role") == "tool":
             try:
                 body = json.loads(str(message.get("content") or ""))
             except json.JSONDecodeError:
                 continue
-            if isinstance(body, dict) and isinstance(body.get("data"), dict):
-                observed[str(message.get("tool_call_id"))] = body["data"]
+            if isinstance(body, dict):
+                observed[str(message.get("tool_call_id"))] = body
+    return observed
+
+
+def fill_placeholders(text: str, messages: Sequence[Mapping[str, Any]]) -> str:
+    """`{{call_id.field}}` from the call's data, or from its error (`message`,
+    `code`) when the call failed."""
+    observed: dict[str, Any] = {}
+    for call_id, body in _observations(messages).items():
+        for part in ("data", "error"):
+            if isinstance(body.get(part), dict):
+                observed[call_id] = body[part]
+                break
 
     def value(match: re.Match[str]) -> str:
         data = observed.get(match.group(1), {})
@@ -40,6 +56,18 @@ def fill_placeholders(text: str, messages: Sequence[Mapping[str, Any]]) -> str:
         return match.group(0) if found is None else str(found)
 
     return _PLACEHOLDER.sub(value, text)
+
+
+def branch_of(entry: ScriptEntry, messages: Sequence[Mapping[str, Any]]) -> ScriptEntry:
+    """The entry's `on_error` alternative for the first named call that failed."""
+    if isinstance(entry, ModelReply) or not entry.get("on_error"):
+        return entry
+    observed = _observations(messages)
+    for call_id, alternative in entry["on_error"].items():
+        body = observed.get(str(call_id))
+        if body is not None and body.get("ok") is False:
+            return branch_of(alternative, messages)
+    return entry
 
 
 def reply_from_entry(entry: ScriptEntry, index: int, model: str) -> ModelReply:
@@ -113,7 +141,8 @@ class ScriptedModel:
                 "script_exhausted",
                 f"the scripted model has no reply left after {len(self._script)}",
             )
-        reply = reply_from_entry(self._script[self.calls], self.calls, self._model)
+        entry = branch_of(self._script[self.calls], messages)
+        reply = reply_from_entry(entry, self.calls, self._model)
         self.calls += 1
         if reply.text and "{{" in reply.text:
             reply = replace(reply, text=fill_placeholders(reply.text, messages))

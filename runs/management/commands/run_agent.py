@@ -7,6 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from controlplane.celery import app as celery_app
+from controlplane.health import redis_status, worker_status
 from controlplane.models import Tenant
 from runs.models import Agent, Run, Step
 from runs.services import RunInputError, run_advance, run_start
@@ -45,6 +47,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = self._tenant(options["agent"], options.get("tenant"))
+        if not options["inline"]:
+            self._check_workers(follow=options["wait"])
         try:
             run = run_start(
                 tenant=tenant,
@@ -68,6 +72,24 @@ class Command(BaseCommand):
             self.stdout.write(f"answer: {final.final_answer}")
         if final.status != Run.Status.SUCCEEDED:
             sys.exit(1)
+
+    def _check_workers(self, *, follow: bool) -> None:
+        """Refuse before writing anything when no worker could advance the run."""
+        broker = celery_app.conf.broker_url
+        hint = (
+            "start `make run` in this checkout (its embedded Redis is found "
+            "automatically), or set REDIS_URL to the Redis your workers use, "
+            "or pass --inline to advance the run in this command"
+        )
+        redis = redis_status()
+        if redis != "ok":
+            raise CommandError(
+                f"Nothing is running: no Redis at {broker} ({redis}); {hint}."
+            )
+        if follow and worker_status() != "ok":
+            raise CommandError(
+                f"Nothing is running: no worker answers on {broker}; {hint}."
+            )
 
     def _tenant(self, agent_slug: str, tenant_slug: str | None) -> Tenant:
         agents = Agent.objects.filter(slug=agent_slug).select_related("tenant")
