@@ -13,7 +13,6 @@ from .cgroup import CgroupLayout
 from .launch import bwrap_argv, setpriv_argv
 from .spec import REQUIRED_LAYERS_SETTING, SandboxSettings
 
-
 # Why a layer may be missing, for the refusal message.
 _LAYER_HINTS = {
     "bwrap": "install bubblewrap: apt-get install bubblewrap",

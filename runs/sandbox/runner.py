@@ -36,8 +36,8 @@ from .proxy import EgressProxy
 from .result import SandboxResult
 from .spec import SandboxSettings, SandboxSpec, validate_spec
 from .tmpfs import mount_tmpfs, tmpfs_usage, unmount_tmpfs
-from .workspace import workspace_size
 from .verdict import DISK_FULL_BYTES, Observation, judge
+from .workspace import workspace_size
 
 _TICK_SECONDS = 0.01  # how often output size and pids events are polled
 _REAP_TIMEOUT = 5.0
