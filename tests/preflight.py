@@ -38,8 +38,17 @@ def _runs(*argv: str) -> bool:
         return False
 
 
-def _on_path(name: str) -> Callable[[], bool]:
-    return lambda: shutil.which(name) is not None
+def _root() -> bool:
+    return os.geteuid() == 0
+
+
+def _bwrap() -> bool:
+    path = shutil.which("bwrap")
+    return path is not None and _runs(path, "--version")
+
+
+def _on_path(*names: str) -> Callable[[], bool]:
+    return lambda: any(shutil.which(name) is not None for name in names)
 
 
 def _executable(path: str) -> Callable[[], bool]:
@@ -47,24 +56,10 @@ def _executable(path: str) -> Callable[[], bool]:
 
 
 NEEDS = (
-    Need(
-        "root (the sandbox tests make cgroups and mounts)",
-        None,
-        lambda: os.geteuid() == 0,
-    ),
-    Need(
-        "bubblewrap (`bwrap` on PATH)",
-        "bubblewrap",
-        lambda: (
-            (path := shutil.which("bwrap")) is not None and _runs(path, "--version")
-        ),
-    ),
+    Need("root (the sandbox tests make cgroups and mounts)", None, _root),
+    Need("bubblewrap (`bwrap` on PATH)", "bubblewrap", _bwrap),
     Need("setpriv (on PATH)", "util-linux", _on_path("setpriv")),
-    Need(
-        "a C compiler (`cc` or `gcc` on PATH)",
-        "gcc",
-        lambda: _on_path("cc")() or _on_path("gcc")(),
-    ),
+    Need("a C compiler (`cc` or `gcc` on PATH)", "gcc", _on_path("cc", "gcc")),
     Need(f"{SYSTEM_PYTHON}", "python3", _executable(SYSTEM_PYTHON)),
     Need(f"Chromium at {CHROMIUM}", "chromium", _executable(CHROMIUM)),
 )
