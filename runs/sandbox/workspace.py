@@ -82,7 +82,8 @@ def workspace_release(path: Path | str, *, settings: SandboxSettings) -> None:
 
 def remove_workspace_dir(path: Path) -> None:
     """Unmount the workspace's tmpfs (if it is one), then remove the directory."""
-    detach(path)
+    if os.path.ismount(path):  # not without root: nothing to unmount, no right to
+        detach(path)
     shutil.rmtree(path, ignore_errors=True)
 
 
