@@ -23,7 +23,10 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	$(PY) manage.py dev
 
+# The preflight names every missing system package (and root) in one message
+# before any test runs; see README "The two commands".
 test: install-dev
+	$(PY) tests/preflight.py
 	$(PY) -m pytest
 
 lint: install-dev

@@ -113,12 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     assert caps.bwrap is not None and caps.setpriv is not None
     ws = workspace_create(settings=SETTINGS, label="bench")
     raw_tmp = SETTINGS.state_dir / f"bench-tmp-{os.getpid()}"
+    raw_shm = SETTINGS.state_dir / f"bench-shm-{os.getpid()}"
     try:
         uid, gid = SETTINGS.sandbox_uid, SETTINGS.sandbox_gid
-        # The same noexec 64 MiB tmpfs bound at /tmp as the runner mounts per run.
+        # The same noexec 64 MiB tmpfs bound at /tmp and /dev/shm as the runner
+        # mounts per run.
         mount_tmpfs(raw_tmp, 64 << 20)
+        mount_tmpfs(raw_shm, 64 << 20)
         raw = setpriv_argv(caps.setpriv, uid, gid) + bwrap_argv(
-            caps.bwrap, uid=uid, gid=gid, workspace=ws, tmp_source=raw_tmp
+            caps.bwrap,
+            uid=uid,
+            gid=gid,
+            workspace=ws,
+            tmp_source=raw_tmp,
+            shm_source=raw_shm,
         )
         # The floor of any Python init: bubblewrap starting an empty interpreter.
         floor = [*raw, SETTINGS.python, "-S", "-E", "-I", "-B", "-c", "pass"]
@@ -172,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         leaked = leaks(SETTINGS)
     finally:
         unmount_tmpfs(raw_tmp)
+        unmount_tmpfs(raw_shm)
         workspace_release(ws, settings=SETTINGS)
     report = {
         "runs": args.runs,

@@ -320,10 +320,19 @@ SANDBOX_ROOT = env.string(
     str(BASE_DIR / ".run" / "sandbox"),
     help="Where sandbox workspaces and state live (must be traversable by uid 65534).",
 )
+# The product's minimum set (runs.sandbox.spec.DEFAULT_REQUIRED_LAYERS); lowering it
+# is an operator's decision, and the enforcement map of every run shows the result.
 SANDBOX_REQUIRED_LAYERS = env.items(
     "SANDBOX_REQUIRED_LAYERS",
-    "bwrap,pidns,netns,mountns,uid_drop,no_new_privs,rlimits",
+    "bwrap,pidns,netns,mountns,uid_drop,no_new_privs,rlimits,"
+    "cgroup_kill,memory_limit,pids_limit",
     help="Isolation layers without which the sandbox refuses to run anything.",
+)
+SANDBOX_WORKSPACE_MB = env.integer(
+    "SANDBOX_WORKSPACE_MB",
+    128,
+    minimum=1,
+    help="Total size of a sandbox workspace (a tmpfs; full: EDISK).",
 )
 CELERY_BEAT_SCHEDULE["sandbox-janitor"] = {
     "task": "runs.tasks.sandbox_janitor_task",

@@ -2,6 +2,8 @@
 
 Exit status 0 when the command was run and judged (whatever it did), 2 for a usage
 error, 3 when the host cannot provide the required isolation layers.
+`SANDBOX_WORKSPACE_ROOT`, `SANDBOX_STATE_DIR`, `SANDBOX_REQUIRED_LAYERS` (comma
+separated) and `SANDBOX_WORKSPACE_MB` override the operator defaults.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from pathlib import Path
 
 from .capabilities import SandboxUnavailable
 from .runner import run_in_sandbox
-from .spec import Limits, NetworkPolicy, SandboxSettings, SandboxSpec, SandboxSpecError
+from .spec import (
+    REQUIRED_LAYERS_SETTING,
+    Limits,
+    NetworkPolicy,
+    SandboxSettings,
+    SandboxSpec,
+    SandboxSpecError,
+)
 from .workspace import workspace_create, workspace_release
 
 
@@ -47,10 +56,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def settings_from_env(environ: dict[str, str]) -> SandboxSettings:
+    """The operator settings, from the same variables as the control plane's."""
     base = SandboxSettings()
+    layers = environ.get(REQUIRED_LAYERS_SETTING)
+    size = environ.get("SANDBOX_WORKSPACE_MB", "").strip()
+    if size and not size.isdigit():
+        raise SandboxSpecError(f"SANDBOX_WORKSPACE_MB must be a number of MB: {size!r}")
     return SandboxSettings(
         workspace_root=Path(environ.get("SANDBOX_WORKSPACE_ROOT", base.workspace_root)),
         state_dir=Path(environ.get("SANDBOX_STATE_DIR", base.state_dir)),
+        required_layers=(
+            frozenset(item.strip() for item in layers.split(",") if item.strip())
+            if layers is not None
+            else base.required_layers
+        ),
+        workspace_mb=int(size) if size else base.workspace_mb,
     )
 
 
@@ -60,8 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    settings = settings_from_env(dict(os.environ))
     try:
+        settings = settings_from_env(dict(os.environ))
+        settings.validate()
         if not command:
             raise SandboxSpecError("no command given (use: -- CMD [ARGS...])")
         limits = Limits(

@@ -11,7 +11,16 @@ from pathlib import Path
 
 from .cgroup import CgroupLayout
 from .launch import bwrap_argv, setpriv_argv
-from .spec import SandboxSettings
+from .spec import REQUIRED_LAYERS_SETTING, SandboxSettings
+
+# Why a layer may be missing, for the refusal message.
+_LAYER_HINTS = {
+    "bwrap": "install bubblewrap: apt-get install bubblewrap",
+    "cgroup_kill": "needs a writable cgroup2 hierarchy (root, or a delegated subtree)",
+    "memory_limit": "needs a writable memory cgroup controller",
+    "pids_limit": "needs a writable pids cgroup controller",
+    "cpu_quota": "needs a writable cpu cgroup controller",
+}
 
 
 class SandboxUnavailable(RuntimeError):
@@ -19,15 +28,24 @@ class SandboxUnavailable(RuntimeError):
 
     def __init__(self, missing: list[str], detail: str = "") -> None:
         self.missing = missing
-        hint = (
-            " (install bubblewrap: apt-get install bubblewrap)"
-            if "bwrap" in missing
-            else ""
-        )
-        super().__init__(
+        hints = [
+            f"{name}: {_LAYER_HINTS[name]}" for name in missing if name in _LAYER_HINTS
+        ]
+        message = (
             f"sandbox refuses to run: required layers unavailable: {', '.join(missing)}"
-            f"{hint}{'; ' + detail if detail else ''}"
         )
+        if hints:
+            message += f" ({'; '.join(hints)})"
+        if detail:
+            message += f"; {detail}"
+        elif missing != ["cgroup"]:
+            # A missing layer of the minimum set, not a failed start: say what an
+            # operator can do about it, and that it is a decision.
+            message += (
+                "; an operator who accepts running without them may remove them from "
+                f"{REQUIRED_LAYERS_SETTING} (settings.required_layers), knowingly"
+            )
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -71,12 +89,12 @@ class HostCapabilities:
 
 
 _lock = threading.Lock()
-_cached: dict[tuple[str, str], HostCapabilities] = {}
+_cached: dict[tuple[str, str, str], HostCapabilities] = {}
 
 
 def probe_host(settings: SandboxSettings, *, refresh: bool = False) -> HostCapabilities:
     """Probe bubblewrap, namespaces and cgroups once per process (thread-safe)."""
-    key = (str(settings.state_dir), settings.cgroup_group)
+    key = (str(settings.state_dir), settings.cgroup_group, str(settings.cgroup_root))
     with _lock:
         if refresh or key not in _cached:
             _cached[key] = _probe(settings)
@@ -107,7 +125,7 @@ def _probe(settings: SandboxSettings) -> HostCapabilities:
             error = str(exc)
     else:
         error = "bwrap not found on PATH"
-    layout = CgroupLayout.detect()
+    layout = CgroupLayout.detect(settings.cgroup_root)
     return HostCapabilities(
         bwrap=bwrap,
         bwrap_version=version,

@@ -16,6 +16,7 @@ from .cgroup import CgroupLayout, remove_cgroup_dir
 from .ownership import owner_alive, owner_of
 from .spec import SandboxSettings
 from .tmpfs import unmount_tmpfs
+from .workspace import remove_workspace_dir
 
 
 @dataclass
@@ -35,7 +36,7 @@ def sandbox_janitor_sweep(settings: SandboxSettings | None = None) -> JanitorRep
     """Kill and remove sandboxes whose owner is gone; safe to run at any time."""
     settings = settings or SandboxSettings()
     report = JanitorReport()
-    layout = CgroupLayout.detect()
+    layout = CgroupLayout.detect(settings.cgroup_root)
     # v2 first: cgroup.kill takes the whole tree, after which v1 dirs empty out.
     dirs = layout.group_dirs(settings.cgroup_group)
     for base in reversed(dirs):
@@ -51,9 +52,10 @@ def sandbox_janitor_sweep(settings: SandboxSettings | None = None) -> JanitorRep
     if runs.is_dir():
         for child in runs.iterdir():
             if _orphaned(child.name):
-                # Unmount the run's /tmp first: rmtree would empty it and then
-                # fail on the busy mount point.
+                # Unmount the run's /tmp and /dev/shm first: rmtree would empty
+                # them and then fail on the busy mount points.
                 unmount_tmpfs(child / "tmp")
+                unmount_tmpfs(child / "shm")
                 shutil.rmtree(child, ignore_errors=True)
                 report.removed_run_dirs.append(str(child))
     records = settings.state_dir / "workspaces"
@@ -72,7 +74,7 @@ def sandbox_janitor_sweep(settings: SandboxSettings | None = None) -> JanitorRep
                 continue
             root = settings.workspace_root.resolve()
             if root in path.resolve().parents:
-                shutil.rmtree(path, ignore_errors=True)
+                remove_workspace_dir(path)
                 report.removed_workspaces.append(str(path))
             record.unlink(missing_ok=True)
     return report

@@ -52,6 +52,7 @@ def bwrap_argv(
     gid: int,
     workspace: Path,
     tmp_source: Path,
+    shm_source: Path | None = None,
     extra_ro_binds: Sequence[tuple[str, str]] = (),
     extra_binds: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
@@ -74,6 +75,14 @@ def bwrap_argv(
         args += ["--ro-bind", src, dest]
     for src, dest in extra_binds:
         args += ["--bind", src, dest]
+    if shm_source is not None:
+        # The runner's noexec, sized tmpfs, like /tmp (bwrap's own /dev/shm is a
+        # directory of its /dev tmpfs: unbounded and executable).
+        args += ["--bind", str(shm_source), "/dev/shm"]
+    # Last of the mounts: bubblewrap's root and /dev are tmpfs of its own, writable
+    # and executable (/, /run, /dev/shm without a bind). Read-only from here on;
+    # non-recursive, so /tmp, /dev/shm, /workspace and the devices stay as bound.
+    args += ["--remount-ro", "/dev", "--remount-ro", "/"]
     args += [
         "--chdir", WORKSPACE_INSIDE,
         "--die-with-parent",

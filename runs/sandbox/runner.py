@@ -37,6 +37,7 @@ from .result import SandboxResult
 from .spec import SandboxSettings, SandboxSpec, validate_spec
 from .tmpfs import mount_tmpfs, tmpfs_usage, unmount_tmpfs
 from .verdict import DISK_FULL_BYTES, Observation, judge
+from .workspace import workspace_size
 
 _TICK_SECONDS = 0.01  # how often output size and pids events are polled
 _REAP_TIMEOUT = 5.0
@@ -66,7 +67,7 @@ def run_in_sandbox(
         # The proxy bridge lives inside the sandbox's own network namespace; without
         # one an allowlist cannot be enforced at all.
         raise SandboxUnavailable(["netns"], "a network allowlist needs a netns")
-    enforcement = _enforcement(caps, planned, spec, settings)
+    enforcement = _enforcement(caps, planned, spec, settings, workspace)
     for rel in spec.paths:
         try:
             check_path(workspace, rel)
@@ -160,6 +161,7 @@ class _Run:
         )
         self.proxy: EgressProxy | None = None
         self.tmp_dir: Path | None = None
+        self.shm_dir: Path | None = None
         # The compiled launcher that starts the sandbox inside its cgroups; None:
         # the runner moves the starting sandbox in itself (_join_cgroup).
         self.launcher: Path | None = None
@@ -179,6 +181,12 @@ class _Run:
                     self.tmp_dir,
                     self.spec.limits.tmpfs_mb * 1024 * 1024,
                     make_dir=not (prepared and self.tmp_dir.is_dir()),
+                )
+                self.shm_dir = self.run_dir / "shm"
+                mount_tmpfs(
+                    self.shm_dir,
+                    self.spec.limits.shm_mb * 1024 * 1024,
+                    make_dir=not (prepared and self.shm_dir.is_dir()),
                 )
             self._create_cgroup()
             if self.cgroup is not None:
@@ -211,7 +219,7 @@ class _Run:
                 functools.partial(
                     _remove_and_prepare,
                     self.cgroup,
-                    self.tmp_dir,
+                    (self.tmp_dir, self.shm_dir),
                     self.run_dir,
                     self.settings,
                     self.caps,
@@ -332,6 +340,7 @@ class _Run:
             gid=gid,
             workspace=self.workspace,
             tmp_source=self.tmp_dir or Path("/nonexistent"),
+            shm_source=self.shm_dir,
             extra_ro_binds=[(str(init_path), launch.init_path_inside(init_path))],
             extra_binds=extra,
         )
@@ -579,11 +588,13 @@ class _Run:
         cpu_hard = cpu[1] if cpu is not None else None
         extra: list[str] = []
         full: list[str] = []
-        if self.tmp_dir is not None:
-            tmp = tmpfs_usage(self.tmp_dir, walk_below=DISK_FULL_BYTES)
+        for mount, inside in ((self.tmp_dir, "/tmp"), (self.shm_dir, "/dev/shm")):
+            if mount is None:
+                continue
+            tmp = tmpfs_usage(mount, walk_below=DISK_FULL_BYTES, inside=inside)
             if tmp.avail_bytes < DISK_FULL_BYTES:
                 biggest = ", ".join(f"{p} {n} bytes" for p, n in tmp.largest)
-                full.append(f"/tmp ({tmp.size_bytes} bytes; largest: {biggest})")
+                full.append(f"{inside} ({tmp.size_bytes} bytes; largest: {biggest})")
         ws = os.statvfs(self.workspace)
         if ws.f_bavail * ws.f_frsize < DISK_FULL_BYTES:
             full.append(f"/workspace ({ws.f_blocks * ws.f_frsize} bytes)")
@@ -634,6 +645,7 @@ def _enforcement(
     planned: dict[str, bool],
     spec: SandboxSpec,
     settings: SandboxSettings,
+    workspace: Path,
 ) -> dict[str, Any]:
     """The layers this run gets; cgroup entries are confirmed once the cgroup exists."""
     limits = spec.limits
@@ -648,9 +660,14 @@ def _enforcement(
         "mountns": ns,
         "ipcns": ns,
         "utsns": ns,
+        # bubblewrap's own / and /dev are remounted read-only: what the workload
+        # can write is exactly these mounts, and the noexec ones cannot run files.
         "readonly_root": ns,
+        "writable_paths": ["/workspace", "/tmp", "/dev/shm"] if ns else None,
+        "noexec_paths": ["/tmp", "/dev/shm"] if ns else [],
         "tmpfs_size": ns,
         "tmp_noexec": ns,
+        "workspace_size": workspace_size(workspace),
         # "c" or "python"; set again to the init really installed.
         "init": planned_init_kind(settings, bridge=not spec.network.is_none),
         "workload_not_pid1": ns,
@@ -704,7 +721,7 @@ def _refused(refused: PathRefused, enforcement: dict[str, Any]) -> SandboxResult
 
 def _remove_and_prepare(
     cgroup: RunCgroup | None,
-    tmp_dir: Path | None,
+    mounts: tuple[Path | None, ...],
     run_dir: Path,
     settings: SandboxSettings,
     caps: HostCapabilities,
@@ -712,8 +729,9 @@ def _remove_and_prepare(
     """On the teardown thread: remove a finished run, make the next one's dirs."""
     if cgroup is not None:
         cgroup.remove()
-    if tmp_dir is not None:
-        unmount_tmpfs(tmp_dir)
+    for mount in mounts:
+        if mount is not None:
+            unmount_tmpfs(mount)
     shutil.rmtree(run_dir, ignore_errors=True)
     spare.prepare(settings, caps)
 

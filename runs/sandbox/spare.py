@@ -28,13 +28,13 @@ from .cgroup import RunCgroup
 from .ownership import run_name
 from .spec import SandboxSettings
 
-_Key = tuple[str, str]  # (state_dir, cgroup_group)
+_Key = tuple[str, str, str]  # (state_dir, cgroup_group, cgroup_root)
 
 
 @dataclass
 class Spare:
     name: str
-    run_dir: Path  # made with an empty "tmp" mount point when bubblewrap works
+    run_dir: Path  # with empty "tmp" and "shm" mount points when bubblewrap works
     cgroup: RunCgroup | None  # directories made, no limit written yet
 
 
@@ -44,7 +44,7 @@ _closed = False
 
 
 def _key(settings: SandboxSettings) -> _Key:
-    return (str(settings.state_dir), settings.cgroup_group)
+    return (str(settings.state_dir), settings.cgroup_group, str(settings.cgroup_root))
 
 
 def take(settings: SandboxSettings) -> Spare | None:
@@ -66,6 +66,7 @@ def prepare(settings: SandboxSettings, caps: HostCapabilities) -> None:
     try:
         if caps.bwrap_works:
             (run_dir / "tmp").mkdir(mode=0o700)
+            (run_dir / "shm").mkdir(mode=0o700)
         if any(caps.cgroup_writable.values()):
             cgroup = RunCgroup.make(caps.cgroup, settings.cgroup_group, name)
     except BaseException:

@@ -95,7 +95,8 @@ class Limits:
     fsize_mb: int | None = 64
     nofile: int | None = 256
     output_bytes: int = 1_000_000
-    tmpfs_mb: int = 64
+    tmpfs_mb: int = 64  # /tmp
+    shm_mb: int = 64  # /dev/shm (POSIX shared memory, multiprocessing's semaphores)
     # RLIMIT_AS is per process and counts reservations, not RSS; by default it is set
     # well above memory_mb so that the aggregate cgroup limit is what a hog meets.
     address_space_mb: int | None = None
@@ -113,6 +114,7 @@ class Limits:
                 _positive_int(name, value)
         _positive_int("output_bytes", self.output_bytes)
         _positive_int("tmpfs_mb", self.tmpfs_mb)
+        _positive_int("shm_mb", self.shm_mb)
         if self.nofile is not None and self.nofile < 8:
             raise SandboxSpecError(
                 "nofile must be at least 8 (the init needs a few fds)"
@@ -165,6 +167,9 @@ KNOWN_LAYERS = frozenset(
         "tmpfs_size",
     }
 )
+# The environment variable an operator sets it with (the CLI and the control plane).
+REQUIRED_LAYERS_SETTING = "SANDBOX_REQUIRED_LAYERS"
+# The product's minimum set (docs/sandbox.md); the control plane's default too.
 DEFAULT_REQUIRED_LAYERS = frozenset(
     {
         "bwrap",
@@ -195,6 +200,12 @@ class SandboxSettings:
     # bridge, else the Python init; "python": always the Python init.
     init: str = "auto"
     required_layers: frozenset[str] = DEFAULT_REQUIRED_LAYERS
+    # Total size of a workspace made by workspace_create (its own tmpfs, so RAM:
+    # pages a run writes count against that run's memory limit); None: a plain
+    # directory on the workspace root's filesystem, bounded per file only.
+    workspace_mb: int | None = 128
+    # Where the cgroup hierarchies are mounted (probe_host and the janitor).
+    cgroup_root: Path = Path("/sys/fs/cgroup")
     # Kill the run as soon as the pids controller refuses a fork (CG-R5).
     kill_on_pids_limit: bool = True
     # Test-only escape hatch: lets the proxy reach loopback addresses that are
@@ -208,6 +219,7 @@ class SandboxSettings:
             raise SandboxSpecError(
                 f"settings.init must be 'auto' or 'python', not {self.init!r}"
             )
+        self.validate_workspace_mb()
         unknown = self.required_layers - KNOWN_LAYERS
         if unknown:
             raise SandboxSpecError(f"unknown required layers: {sorted(unknown)}")
@@ -215,6 +227,10 @@ class SandboxSettings:
             raise SandboxSpecError(
                 f"settings.python {self.python!r} must be an absolute, executable path"
             )
+
+    def validate_workspace_mb(self) -> None:
+        if self.workspace_mb is not None:
+            _positive_int("settings.workspace_mb", self.workspace_mb)
 
 
 def validate_spec(spec: SandboxSpec, settings: SandboxSettings) -> Path:

@@ -1,4 +1,5 @@
-"""The run's /tmp: a size-limited tmpfs the runner mounts and bubblewrap binds in.
+"""The run's /tmp and /dev/shm, and a workspace: size-limited tmpfs mounts the
+runner makes (bubblewrap binds the first two in).
 
 bubblewrap 0.8's own `--tmpfs` cannot be `noexec` (FS-3), and it vanishes with the
 sandbox, so the runner could not tell afterwards whether it filled up. A tmpfs
@@ -29,14 +30,25 @@ class TmpfsUsage:
     largest: list[tuple[str, int]]  # (path inside /tmp, bytes), biggest first
 
 
-def mount_tmpfs(target: Path, size_bytes: int, *, make_dir: bool = True) -> None:
-    """Mount a `noexec,nosuid,nodev` tmpfs of `size_bytes` at `target` (mode 1777);
-    `make_dir=False`: the mount point exists already (a prepared run directory)."""
+def mount_tmpfs(
+    target: Path,
+    size_bytes: int,
+    *,
+    make_dir: bool = True,
+    noexec: bool = True,
+    mode: int = 0o1777,
+    owner: tuple[int, int] | None = None,
+) -> None:
+    """Mount a `nosuid,nodev` (and by default `noexec`) tmpfs of `size_bytes` at
+    `target`; `make_dir=False`: the mount point exists already (a prepared run
+    directory). `owner` (uid, gid) owns its root."""
     if make_dir:
         target.mkdir(mode=0o700)
-    options = f"size={size_bytes},mode=1777".encode()
-    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-    rc = _libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", flags, options)
+    options = f"size={size_bytes},mode={mode:o}"
+    if owner is not None:
+        options += f",uid={owner[0]},gid={owner[1]}"
+    flags = _MS_NOSUID | _MS_NODEV | (_MS_NOEXEC if noexec else 0)
+    rc = _libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", flags, options.encode())
     if rc != 0:
         err = ctypes.get_errno()
         target.rmdir()
@@ -45,16 +57,27 @@ def mount_tmpfs(target: Path, size_bytes: int, *, make_dir: bool = True) -> None
 
 def unmount_tmpfs(target: Path) -> None:
     """Detach and remove the mount point; quiet if it is already gone."""
-    if _libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
-        err = ctypes.get_errno()
-        if err not in (22, 2):  # EINVAL: not a mount point; ENOENT: gone
-            raise OSError(err, f"umount: {os.strerror(err)}", str(target))
+    detach(target)
     with contextlib.suppress(FileNotFoundError):
         target.rmdir()
 
 
+def detach(target: Path) -> bool:
+    """Lazily unmount `target`; False if it was not a mount point (or is gone)."""
+    if _libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (22, 2):  # EINVAL: not a mount point; ENOENT: gone
+            raise OSError(err, f"umount: {os.strerror(err)}", str(target))
+        return False
+    return True
+
+
 def tmpfs_usage(
-    target: Path, top: int = 5, *, walk_below: int | None = None
+    target: Path,
+    top: int = 5,
+    *,
+    walk_below: int | None = None,
+    inside: str = "/tmp",
 ) -> TmpfsUsage:
     """Size, room left and the largest files (never following symlinks).
 
@@ -71,7 +94,7 @@ def tmpfs_usage(
                 size = os.lstat(path).st_size
             except OSError:
                 continue
-            files.append(("/tmp/" + os.path.relpath(path, target), size))
+            files.append((f"{inside}/" + os.path.relpath(path, target), size))
     files.sort(key=lambda item: item[1], reverse=True)
     return TmpfsUsage(
         size_bytes=st.f_blocks * st.f_frsize,

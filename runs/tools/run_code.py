@@ -44,6 +44,7 @@ def sandbox_settings() -> SandboxSettings:
         workspace_root=root / "workspaces",
         state_dir=root / "state",
         required_layers=frozenset(settings.SANDBOX_REQUIRED_LAYERS),
+        workspace_mb=settings.SANDBOX_WORKSPACE_MB,
     )
 
 

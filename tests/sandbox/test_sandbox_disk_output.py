@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
-from collections.abc import Iterator
+import sys
 from dataclasses import replace
 from pathlib import Path
-
-import pytest
 
 from runs.sandbox import (
     Limits,
@@ -19,7 +18,9 @@ from runs.sandbox import (
     workspace_release,
 )
 
-from .conftest import TEST_ROOT, run_python
+from .conftest import PYTHON, run_python
+
+ROOT = Path(__file__).resolve().parents[2]
 
 FILL_TMP = """
 import sys
@@ -59,32 +60,96 @@ def test_dd_into_full_tmpfs_is_edisk(
     assert r.error == "EDISK"
 
 
-@pytest.fixture
-def small_fs_settings(settings: SandboxSettings) -> Iterator[SandboxSettings]:
-    """A workspace root on a 4 MiB tmpfs, so filling the workspace never fills the
-    host disk (DK-5) and the partial file can be inspected from outside."""
-    mount = TEST_ROOT / "smallfs"
-    mount.mkdir(exist_ok=True)
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0711", "tmpfs", str(mount)],
-        check=True,
-    )
-    try:
-        yield replace(settings, workspace_root=mount)
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
+# T-DISK-2: many files, each under RLIMIT_FSIZE (64 MiB), 1.2 GB in all.
+FILL_WORKSPACE = """
+import os, sys
+written = 0
+try:
+    for i in range(75):
+        with open(f"part{i:02}.bin", "wb") as f:
+            for _ in range(256):
+                written += f.write(b"x" * 65536)
+except OSError as exc:
+    print(exc.errno, written, flush=True)
+    sys.exit(1)
+print("wrote", written)
+"""
 
 
-def test_filling_the_workspace_gives_edisk(small_fs_settings: SandboxSettings) -> None:
-    ws = workspace_create(settings=small_fs_settings, label="full")
+def test_filling_the_workspace_gives_edisk(settings: SandboxSettings) -> None:
+    # Before: a workspace was a plain directory on the host disk and only the
+    # per-file limit applied, so 1.2 GB in 16 MiB files ended ok: true.
+    small = replace(settings, workspace_mb=8)
+    ws = workspace_create(settings=small, label="full")
     try:
-        argv = ["dd", "if=/dev/zero", "of=out.bin", "bs=1M", "count=10"]
-        r = run_in_sandbox(SandboxSpec(argv=argv, workspace=ws), small_fs_settings)
+        r = run_python(small, ws, FILL_WORKSPACE)
+        errno_seen, written = (int(x) for x in r.stdout.split())
+        assert errno_seen == 28  # ENOSPC inside
+        assert 0 < written <= 8 * 1024 * 1024
         assert r.error == "EDISK" and r.termination_cause == "disk_full"
-        size = (ws / "out.bin").stat().st_size
-        assert 0 < size < 10 * 1024 * 1024  # the evidence: a partial file, kept
+        assert r.ok is False and r.retryable is False
+        assert "/workspace" in (r.detail or "")
+        assert r.enforcement["workspace_size"] == 8 * 1024 * 1024
+        # The evidence stays: the files as far as they got, nothing more.
+        sizes = [p.stat().st_size for p in ws.iterdir()]
+        assert 0 < sum(sizes) <= 8 * 1024 * 1024
     finally:
-        workspace_release(ws, settings=small_fs_settings)
+        workspace_release(ws, settings=small)
+    assert not ws.exists()
+    assert not [line for line in _mounts() if str(ws) in line]
+
+
+def test_the_default_workspace_is_bounded_through_the_cli(
+    settings: SandboxSettings,
+) -> None:
+    # The CLI makes its own workspace with the default size (128 MiB).
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SANDBOX_WORKSPACE_ROOT": str(settings.workspace_root),
+        "SANDBOX_STATE_DIR": str(settings.state_dir),
+    }
+    before = set(settings.workspace_root.iterdir())
+    proc = subprocess.run(
+        [sys.executable, "-m", "runs.sandbox", "--", PYTHON, "-c", FILL_WORKSPACE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert (result["ok"], result["error"], result["termination_cause"]) == (
+        False,
+        "EDISK",
+        "disk_full",
+    )
+    errno_seen, written = (int(x) for x in result["stdout"].split())
+    assert errno_seen == 28 and written <= 128 * 1024 * 1024
+    assert result["enforcement"]["workspace_size"] == 128 * 1024 * 1024
+    # Its workspace and the tmpfs under it are gone with it.
+    assert set(settings.workspace_root.iterdir()) == before
+    assert not [line for line in _mounts() if "/cli-r" in line]
+
+
+def test_a_workspace_of_its_own_size_is_reported(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    r = run_python(settings, workspace, "pass")
+    assert r.ok and r.enforcement["workspace_size"] == 128 * 1024 * 1024
+    # A directory the caller made on the workspace root's own filesystem has no
+    # total bound; the map says so instead of claiming one.
+    plain = replace(settings, workspace_mb=None)
+    ws = workspace_create(settings=plain, label="plain")
+    try:
+        r = run_python(plain, ws, "pass")
+        assert r.ok and r.enforcement["workspace_size"] is None
+    finally:
+        workspace_release(ws, settings=plain)
+
+
+def _mounts() -> list[str]:
+    return Path("/proc/self/mountinfo").read_text().splitlines()
 
 
 def test_file_size_limit_kills_dd_with_sigxfsz(

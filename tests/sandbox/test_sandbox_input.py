@@ -137,12 +137,16 @@ def test_unknown_required_layer_is_a_spec_error(
         run_in_sandbox(SandboxSpec(argv=["true"], workspace=workspace), bad)
 
 
-def _cli(*args: str, settings: SandboxSettings) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, settings: SandboxSettings, layers: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": "/usr/bin:/bin",
         "SANDBOX_WORKSPACE_ROOT": str(settings.workspace_root),
         "SANDBOX_STATE_DIR": str(settings.state_dir),
     }
+    if layers is not None:
+        env["SANDBOX_REQUIRED_LAYERS"] = layers
     return subprocess.run(
         [sys.executable, "-m", "runs.sandbox", *args],
         cwd=ROOT,
@@ -221,3 +225,48 @@ def test_degraded_host_runs_with_what_it_has_and_says_so(
         run_in_sandbox(
             replace(spec, network=NetworkPolicy.parse("a.test:443")), lowered
         )
+
+
+def test_a_host_without_cgroups_is_refused_by_default(
+    settings: SandboxSettings, workspace: Path, tmp_path: Path
+) -> None:
+    # No cgroup hierarchy under the runner's cgroup root: no cgroup.kill, no
+    # aggregate memory or pids limit. The minimum set includes them, so nothing
+    # runs, and the refusal names them and the setting that may lower the set.
+    host = replace(settings, cgroup_root=tmp_path)
+    spec = SandboxSpec(
+        argv=["sh", "-c", "echo ran > /workspace/ran.txt; echo ran"],
+        workspace=workspace,
+    )
+    with pytest.raises(SandboxUnavailable) as info:
+        run_in_sandbox(spec, host)
+    assert info.value.missing == ["cgroup_kill", "memory_limit", "pids_limit"]
+    assert "SANDBOX_REQUIRED_LAYERS" in str(info.value)
+    assert "knowingly" in str(info.value)
+    assert not (workspace / "ran.txt").exists()
+
+    # An operator who lowered the set knowingly gets a run, and a map that says it
+    # ran without them.
+    lowered = replace(
+        host,
+        required_layers=DEFAULT_REQUIRED_LAYERS
+        - {"cgroup_kill", "memory_limit", "pids_limit"},
+    )
+    r = run_in_sandbox(spec, lowered)
+    assert r.ok and r.stdout == "ran\n", r.stderr
+    e = r.enforcement
+    assert e["cgroup"] == "none"
+    assert (e["cgroup_kill"], e["memory_limit"], e["pids_limit"]) == (False,) * 3
+    assert e["pidns"] and e["netns"] and e["uid_drop"]
+    assert r.reap_confirmed is False  # nothing can confirm it without a cgroup
+
+
+def test_the_cli_refusal_names_the_layers_and_the_setting(
+    settings: SandboxSettings,
+) -> None:
+    env_layers = ",".join(sorted(DEFAULT_REQUIRED_LAYERS | {"cpu_quota", "magic"}))
+    proc = _cli("--", "true", settings=settings, layers=env_layers)
+    assert proc.returncode == 2 and "magic" in proc.stderr
+    # The CLI reads the same SANDBOX_REQUIRED_LAYERS as the control plane.
+    proc = _cli("--", "true", settings=settings, layers="bwrap,pidns")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runs.sandbox import SandboxSettings, SandboxSpec, run_in_sandbox
+from runs.sandbox import Limits, SandboxSettings, SandboxSpec, run_in_sandbox
 
 from .conftest import run_python
 
@@ -72,6 +72,66 @@ print("cwd", os.getcwd())
     assert "/usr/x 30" in r.stdout  # EROFS
     assert "cwd /workspace" in r.stdout
     assert (workspace / "ok").exists()
+
+
+WRITE_AND_EXEC = """
+import os, shutil, subprocess
+for d in ("/", "/run", "/run/sandbox", "/dev", "/dev/shm", "/tmp", "/workspace"):
+    path = os.path.join(d, "probe")
+    try:
+        shutil.copy("/usr/bin/true", path)
+        os.chmod(path, 0o755)
+    except OSError as exc:
+        print(d, "write", exc.errno)
+        continue
+    try:
+        print(d, "exec", subprocess.run([path]).returncode)
+    except OSError as exc:
+        print(d, "exec", exc.errno)
+"""
+
+
+def test_only_the_mapped_paths_are_writable_and_tmp_is_noexec(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    # bubblewrap's own / (with /run) and /dev (with /dev/shm) were writable and
+    # executable while the map said readonly_root and tmp_noexec.
+    r = run_python(settings, workspace, WRITE_AND_EXEC)
+    assert r.ok, r.stderr
+    seen = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    for d in ("/", "/run", "/run/sandbox", "/dev"):
+        assert seen[d] == "write 30", (d, r.stdout)  # EROFS
+    for d in ("/tmp", "/dev/shm"):
+        assert seen[d] == "exec 13", (d, r.stdout)  # written, not executable
+    assert seen["/workspace"] == "exec 0"
+    e = r.enforcement
+    assert e["readonly_root"] is True and e["tmp_noexec"] is True
+    # The map names exactly the writable mounts (/dev/pts, /proc aside).
+    assert e["writable_paths"] == ["/workspace", "/tmp", "/dev/shm"]
+    assert e["noexec_paths"] == ["/tmp", "/dev/shm"]
+    assert sorted(p.name for p in workspace.iterdir()) == ["probe"]
+
+
+def test_dev_shm_is_a_bounded_tmpfs_for_posix_shared_memory(
+    settings: SandboxSettings, workspace: Path
+) -> None:
+    code = """
+import multiprocessing, sys
+lock = multiprocessing.Lock()  # a POSIX semaphore in /dev/shm
+with lock:
+    print("locked")
+try:
+    with open("/dev/shm/fill", "wb") as f:
+        while True:
+            f.write(b"x" * 65536)
+except OSError as exc:
+    print("full", exc.errno)
+    sys.exit(0)
+"""
+    r = run_python(settings, workspace, code, Limits(shm_mb=4))
+    assert r.stdout == "locked\nfull 28\n", r.stderr
+    assert r.error == "EDISK" and "/dev/shm" in (r.detail or "")
+    assert r.ok is False
 
 
 def test_host_secrets_and_homes_are_absent(
