@@ -94,8 +94,9 @@ async def test_idle_run_and_tenant_streams_stay_open_for_a_minute_with_heartbeat
         await tenant_ws.send(json.dumps({"type": "ping"}))
         run_tail = await collect_for(run_ws, 3)
         tenant_tail = await collect_for(tenant_ws, 3)
-    assert run_frames[0]["type"] == "hello"
-    assert tenant_frames[0]["type"] == "hello"
+    for frames in (run_frames, tenant_frames):
+        assert frames[0]["type"] == "hello"
+        assert frames[0]["heartbeat_seconds"] == HEARTBEAT_SECONDS
     minimum = IDLE_SECONDS // HEARTBEAT_SECONDS - 2
     for frames in (run_frames, tenant_frames):
         assert sum(f["type"] == "heartbeat" for f in frames) >= minimum, frames
