@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import websockets
-from asgiref.sync import sync_to_async
 from websockets.asyncio.client import ClientConnection
 
 from controlplane.embedded_redis import EmbeddedRedis
