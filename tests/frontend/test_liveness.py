@@ -23,6 +23,7 @@ __all__ = ["demo_agent", "shop"]
 
 HEARTBEAT_SECONDS = 2
 LIVE = re.compile(r"^● Live")
+ACCESS_LINE = re.compile(r'(\S+) - - \[.*\] "(WSCONNECT|WSDISCONNECT) /ws/tenant/')
 
 
 @pytest.fixture
@@ -46,9 +47,7 @@ def finished_runs(demo_agent: Any, operator_user: Any) -> list[Run]:
         for i in range(3)
     ]
     # Finished, so nothing here needs a worker to move them.
-    Run.objects.filter(id__in=[r.id for r in runs]).update(
-        status=Run.Status.SUCCEEDED
-    )
+    Run.objects.filter(id__in=[r.id for r in runs]).update(status=Run.Status.SUCCEEDED)
     return runs
 
 
@@ -56,7 +55,7 @@ def open_tenant_sockets(server: DaphneServer) -> set[str]:
     """Client addresses of /ws/tenant/ sockets Daphne holds open (its access log)."""
     open_now: set[str] = set()
     for line in server.output().splitlines():
-        match = re.match(r'(\S+) - - \[.*\] "(WSCONNECT|WSDISCONNECT) /ws/tenant/', line)
+        match = ACCESS_LINE.match(line)
         if match and match.group(2) == "WSCONNECT":
             open_now.add(match.group(1))
         elif match:
