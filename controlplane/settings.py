@@ -181,10 +181,27 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_DB_REUSE_MAX = 2**62
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}
 
+# channels-redis 4.3 blocks up to 5 s in BZPOPMIN on each receive, and redis-py 8
+# reads with a 5 s socket_timeout by default: an idle stream's receive timed out
+# and Daphne closed it with 1011 every ~10 s. The read timeout sits well above the
+# block, so only a Redis that stops answering trips it (the stream then closes and
+# the client reconnects); TCP keepalive finds a peer that vanished, and a pooled
+# connection idle past the health check interval is pinged before it is used.
+_CHANNEL_REDIS: dict[str, Any] = {
+    "address": _REDIS,
+    "socket_timeout": 15,
+    "socket_connect_timeout": 5,
+    "socket_keepalive": True,
+    "health_check_interval": 30,
+}
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [_REDIS], "capacity": 1000, "expiry": 60},
+        "CONFIG": {
+            "hosts": [_CHANNEL_REDIS],
+            "capacity": 1000,
+            "expiry": 60,
+        },
     }
 }
 

@@ -28,7 +28,8 @@ def _use_redis(url: str) -> None:
     os.environ["REDIS_URL"] = url
     settings.REDIS_URL = url
     settings.CELERY_BROKER_URL = url
-    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [url]
+    hosts = settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"]
+    hosts[:] = [{**host, "address": url} for host in hosts]
     celery_app.conf.broker_url = url
 
 

@@ -12,7 +12,7 @@ from django.test import Client
 from approvals.models import ApprovalRequest
 from controlplane.models import Role
 from controlplane.permissions import MATRIX, Action, role_may
-from controlplane.services import api_token_issue
+from controlplane.services import api_token_issue, api_token_revoke
 from runs.models import Run
 from runs.services import run_start
 from tests.runs import conftest as runs_fixtures
@@ -143,15 +143,11 @@ def test_cell(role, action, allowed, tenant, make_member, request):
     assert perform(action, user, tenant, request) is allowed
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("role", ROLES)
-async def test_cell_stream_read(role, tenant, make_member):
-    from asgiref.sync import sync_to_async
-
+async def stream_read(secret: str, tenant: Any) -> bool:
+    """Whether `/ws/tenant/` serves the token, judged by what the client receives:
+    a refusal is accepted too (so the browser sees why) and then closed."""
     from controlplane.asgi import application
 
-    user = await sync_to_async(make_member)(tenant, f"ws-{role}", role)
-    secret = (await sync_to_async(api_token_issue)(tenant=tenant, user=user)).secret
     ws = WebsocketCommunicator(
         application,
         "/ws/tenant/",
@@ -160,9 +156,43 @@ async def test_cell_stream_read(role, tenant, make_member):
             (b"authorization", f"Bearer {secret}".encode()),
         ],
     )
-    connected, _ = await ws.connect()
-    assert connected is EXPECTED[Action.STREAM_READ][ROLES.index(role)]
-    await ws.disconnect()
+    await ws.connect()
+    frame = await ws.receive_json_from(timeout=5)
+    if frame["type"] == "hello":
+        assert frame["tenant"] == tenant.slug
+        await ws.disconnect()
+        return True
+    assert frame["type"] == "error", frame
+    assert await ws.receive_output(timeout=5) == {
+        "type": "websocket.close",
+        "code": frame["code"],
+    }
+    return False
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("role", ROLES)
+async def test_cell_stream_read(role, tenant, make_member):
+    from asgiref.sync import sync_to_async
+
+    user = await sync_to_async(make_member)(tenant, f"ws-{role}", role)
+    secret = (await sync_to_async(api_token_issue)(tenant=tenant, user=user)).secret
+    allowed = await stream_read(secret, tenant)
+    assert allowed is EXPECTED[Action.STREAM_READ][ROLES.index(role)]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_stream_cell_sees_a_socket_that_is_accepted_then_refused(
+    tenant, make_member
+):
+    """The check behind test_cell_stream_read can fail: a revoked token's socket
+    is accepted (to carry the close code) yet counts as refused."""
+    from asgiref.sync import sync_to_async
+
+    user = await sync_to_async(make_member)(tenant, "ws-revoked", Role.ADMIN)
+    issued = await sync_to_async(api_token_issue)(tenant=tenant, user=user)
+    await sync_to_async(api_token_revoke)(token=issued.token, actor=user)
+    assert await stream_read(issued.secret, tenant) is False
 
 
 def test_a_member_of_another_tenant_is_refused_everywhere(

@@ -50,6 +50,11 @@ def _cursor(value: Any, name: str) -> int:
     return value
 
 
+def _ahead(sent: int | None, requested: int) -> int:
+    """The resume cursor: the client's, but never behind what was sent."""
+    return requested if sent is None else max(sent, requested)
+
+
 class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     """Authorisation, a bounded send queue, heartbeats and bad-message handling."""
 
@@ -89,7 +94,9 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         await self._start_pumps()
-        await self._enqueue({"type": "hello", **hello})
+        # The client calls the stream stale after two heartbeats without a frame.
+        beat = settings.STREAM_HEARTBEAT_SECONDS
+        await self._enqueue({"type": "hello", "heartbeat_seconds": beat, **hello})
         if start is not None:
             await self._resume(start)
 
@@ -216,7 +223,9 @@ class RunStreamConsumer(_StreamConsumer):
             raise BadMessage(f"unknown message type {kind!r}")
 
     async def _resume(self, after_seq: int) -> None:
-        self.last_seq = after_seq
+        # A connection never sends a seq twice, whatever the client asks: a
+        # cursor behind what it already sent is taken as that position.
+        self.last_seq = _ahead(self.last_seq, after_seq)
         await self._fill(upto=None)
         # Live events that arrived before the client said where it was.
         buffered, self.pending = sorted(self.pending.items()), {}
@@ -311,7 +320,7 @@ class TenantStreamConsumer(_StreamConsumer):
             raise BadMessage(f"unknown message type {kind!r}")
 
     async def _resume(self, after_id: int) -> None:
-        self.last_id = after_id
+        self.last_id = _ahead(self.last_id, after_id)  # as for a run's seq
         assert self.context is not None
         tenant = self.context.tenant
 

@@ -30,7 +30,14 @@ free_port = free_local_port
 class DaphneServer:
     """`daphne controlplane.asgi:application` on a port, against the test database."""
 
-    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        port: int | None = None,
+        *,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.env = env or {}
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"daphne-{self.port}.log"
@@ -45,6 +52,7 @@ class DaphneServer:
             DEBUG="true",
             PYTHONUNBUFFERED="1",
         )
+        environ.update(self.env)
         environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(

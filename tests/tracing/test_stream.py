@@ -292,3 +292,47 @@ async def test_a_client_that_does_not_drain_is_closed_with_its_last_seq(
     )
     release.set()
     await bystander.disconnect()
+
+
+async def all_frames(ws: WebsocketCommunicator) -> list[dict[str, Any]]:
+    """Every frame until the connection has been quiet for a moment."""
+    got = []
+    while not await ws.receive_nothing(timeout=0.5):
+        got.append(await ws.receive_json_from())
+    return got
+
+
+async def test_resuming_again_from_zero_never_resends_what_was_sent(
+    run: Run, admin_user: Any, secret_for: Any
+) -> None:
+    secret = await sync_to_async(secret_for)(admin_user, run.tenant)
+    await append(run, 20)
+    total = await sync_to_async(RunEvent.objects.filter(run=run).count)()
+    ws = communicator(f"/ws/runs/{run.id}/?after_seq=0", secret)
+    assert (await ws.connect())[0]
+    await ws.send_json_to({"type": "resume", "after_seq": 0})
+    await ws.send_json_to({"type": "resume", "after_seq": 7})
+    got = [f for f in await all_frames(ws) if f["type"] != "heartbeat"]
+    assert [f["type"] for f in got] == ["hello"] + ["event"] * total
+    assert [f["event"]["seq"] for f in got[1:]] == list(range(1, total + 1))
+    # Still following: the next event arrives once.
+    await append(run, 1)
+    assert [f["seq"] for f in await frames(ws, until_seq=total + 1)] == [total + 1]
+    assert await nothing_more(ws)
+    await ws.disconnect()
+
+
+async def test_resuming_the_tenant_stream_again_never_resends_what_was_sent(
+    run: Run, admin_user: Any, secret_for: Any
+) -> None:
+    secret = await sync_to_async(secret_for)(admin_user, run.tenant)
+    events = await append(run, 20, type="run.updated")
+    ws = communicator("/ws/tenant/?after_id=0", secret)
+    assert (await ws.connect())[0]
+    await ws.send_json_to({"type": "resume", "after_id": 0})
+    got = [f for f in await all_frames(ws) if f["type"] != "heartbeat"]
+    ids = [f["event"]["id"] for f in got if f["type"] == "event"]
+    assert got[0]["type"] == "hello"
+    assert len(ids) == len(set(ids)) == len(got) - 1
+    assert ids[-20:] == [event.id for event in events]
+    await ws.disconnect()

@@ -114,12 +114,16 @@ export function approvalDetails(approval) {
     `\ndeny: the run ends budget_exhausted (${x.stop_reason})`;
 }
 
-// Show the connection state in the header: live, reconnecting or polling.
+// Show the connection state in the header: live, stale, reconnecting, polling…
 export function showConnection(state, detail = "") {
   const node = document.getElementById("conn");
   if (!node) return;
   node.hidden = false;
   node.dataset.state = state;
-  const text = { live: "● Live", reconnecting: "⟳ Reconnecting…", polling: "◌ Polling (live stream unavailable)", connecting: "◌ Connecting…" }[state] || state;
+  const text = {
+    live: "● Live", stale: "⚠ Not live: no data", reconnecting: "⟳ Reconnecting…",
+    polling: "◌ Polling (live stream unavailable)", connecting: "◌ Connecting…",
+    closed: "■ Not live (stream closed)", logged_out: "■ Logged out",
+  }[state] || state;
   node.textContent = detail ? `${text} ${detail}` : text;
 }

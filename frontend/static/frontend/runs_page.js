@@ -12,6 +12,7 @@ let limit = PAGE;
 let runs = [];
 let pendingByRun = new Map();
 let total = 0;
+let loadedAt = null; // when the rows shown were fetched
 
 async function loadAgents() {
   let agents = [];
@@ -44,10 +45,23 @@ async function load() {
     const badge = document.getElementById("nav-pending");
     const pending = rowsOf(approvals).length;
     if (badge) { badge.hidden = !pending; badge.textContent = String(pending); }
+    loadedAt = new Date();
+    showStale(null);
     render();
   } catch (error) {
-    body.replaceChildren(el("tr", {}, el("td", { colspan: 9, class: "error", text: `Could not load runs: ${error.message}` })));
+    // A failed refresh keeps the rows a person was reading, marked as stale.
+    if (loadedAt) showStale(error);
+    else body.replaceChildren(el("tr", {}, el("td", { colspan: 9, class: "error", text: `Could not load runs: ${error.message}` })));
   }
+}
+
+function showStale(error) {
+  const note = document.getElementById("runs-stale");
+  document.getElementById("runs-table").dataset.stale = error ? "1" : "";
+  note.hidden = !error;
+  note.textContent = error
+    ? `⚠ Not up to date: the list could not be refreshed (${error.message}). Showing the runs as of ${loadedAt.toLocaleTimeString()}.`
+    : "";
 }
 
 function matches(run, text) {

@@ -2,43 +2,70 @@
 // tenant): after any disconnect the page asks for everything after the last
 // event it holds, so it has every event exactly once. While the socket cannot
 // connect, the page says so ("reconnecting") and polls instead.
+//
+// "Live" is said only while frames arrive: the server sends a heartbeat every
+// `heartbeat_seconds` (told in its hello frame), so two intervals without any
+// frame mean the socket is stale even if the browser has not noticed (offline,
+// a dead proxy); the page says so and reconnects.
 
 import { showConnection } from "./format.js";
 
 const BACKOFF_MS = [500, 1000, 2000, 4000, 8000];
+const STALE_AFTER_HEARTBEATS = 2;
+// Tabs of one browser share the session: logging out in one ends every tab's
+// streams (the server would go on serving a socket opened before the logout).
+const session = typeof BroadcastChannel === "function" ? new BroadcastChannel("cp-session") : null;
+const streams = new Set();
+
+function stopAll(state) {
+  for (const stream of streams) stream.stop(state);
+}
+
+if (session) session.onmessage = (message) => { if (message.data === "logout") stopAll("logged_out"); };
+document.addEventListener("submit", (event) => {
+  const form = event.target;
+  if (!(form instanceof HTMLFormElement) || !new URL(form.action, location.href).pathname.endsWith("/logout/")) return;
+  stopAll("logged_out");
+  if (session) session.postMessage("logout");
+}, true);
 
 export class Stream {
   // path: "/ws/runs/<id>/"; cursorParam: "after_seq" | "after_id";
   // cursor: the last seq/id the page holds (null: live only);
   // onEvent(event); onResync(): refetch after (re)connect when no cursor;
   // poll(cursor) -> events after cursor (null: nothing to poll);
-  // heartbeatSeconds: watchdog for a silently dead socket.
+  // heartbeatSeconds: the interval assumed until the server's hello says it.
   constructor({ path, cursorParam, cursor = null, cursorOf, onEvent, onResync, poll, onFatal, heartbeatSeconds = 20 }) {
     Object.assign(this, { path, cursorParam, cursor, cursorOf, onEvent, onResync, poll, onFatal });
     this.failures = 0;
     this.state = "connecting";
-    this.watchdogMs = heartbeatSeconds * 2500;
+    this.heartbeatMs = heartbeatSeconds * 1000;
     this.stopped = false;
     this.pollTimer = null;
     this.reconnectTimer = null;
+    streams.add(this);
     window.cpStreams = window.cpStreams || [];
     window.cpStreams.push(this);
   }
 
   start() { this.connect(); return this; }
 
-  stop() {
+  // state: what the header says afterwards ("closed" unless told otherwise).
+  stop(state = "closed") {
     this.stopped = true;
     clearTimeout(this.reconnectTimer);
     clearTimeout(this.watchdog);
     this.stopPolling();
-    if (this.ws) this.ws.close();
+    const ws = this.ws;
+    this.ws = null;
+    if (ws) ws.close(1000, "page closed the stream");
+    this.setState(state);
   }
 
-  setState(state) {
+  setState(state, detail = "") {
     this.state = state;
     document.body.dataset.stream = state;
-    showConnection(state);
+    showConnection(state, detail);
   }
 
   url() {
@@ -56,16 +83,18 @@ export class Stream {
     ws.onopen = () => {
       this.failures = 0;
       this.stopPolling();
-      this.setState("live");
-      this.kick();
+      this.kick(); // "Live" once the first frame (the hello) arrives
       if (this.cursor == null && this.onResync) this.onResync();
     };
     ws.onmessage = (message) => {
-      this.kick();
+      if (this.ws !== ws) return;
       let frame;
       try { frame = JSON.parse(message.data); } catch { return; }
+      if (frame.type === "hello" && frame.heartbeat_seconds > 0) this.heartbeatMs = frame.heartbeat_seconds * 1000;
+      this.kick();
+      if (frame.type === "error") { this.lastError = frame; return; }
+      if (this.state !== "live") this.setState("live");
       if (frame.type === "event") this.accept(frame.event);
-      else if (frame.type === "error") this.lastError = frame;
     };
     ws.onclose = (closed) => {
       if (this.ws !== ws) return;
@@ -89,16 +118,28 @@ export class Stream {
     this.onEvent(event);
   }
 
-  // A socket that says nothing for two heartbeats is dead even if not closed.
+  // A socket that says nothing for two heartbeats is stale even if not closed:
+  // stop saying "Live" and reconnect (its close handshake may never finish, so
+  // it is let go at once).
   kick() {
     clearTimeout(this.watchdog);
-    this.watchdog = setTimeout(() => { if (this.ws) this.ws.close(); }, this.watchdogMs);
+    const ms = this.heartbeatMs * STALE_AFTER_HEARTBEATS;
+    this.watchdog = setTimeout(() => this.stale(ms), ms);
+  }
+
+  stale(ms) {
+    const ws = this.ws;
+    if (!ws || this.stopped) return;
+    this.ws = null;
+    ws.close(4000, "no frame for two heartbeats");
+    this.setState("stale", `(nothing for ${Math.round(ms / 1000)} s)`);
+    this.scheduleReconnect();
   }
 
   scheduleReconnect() {
     this.failures += 1;
     if (this.failures >= 2 && this.poll) this.startPolling();
-    else if (this.state !== "polling") this.setState("reconnecting");
+    else if (this.state !== "polling" && this.state !== "stale") this.setState("reconnecting");
     const base = BACKOFF_MS[Math.min(this.failures - 1, BACKOFF_MS.length - 1)];
     this.reconnectTimer = setTimeout(() => this.connect(), base + Math.random() * 250);
   }
