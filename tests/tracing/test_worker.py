@@ -179,7 +179,7 @@ def test_fast_calls_in_a_worker_keep_their_output_tokens_and_results(
     assert body(tool, "gen_ai.tool.call.arguments") == {"text": "kettle"}
     for index, step in enumerate(steps):
         assert step.attributes["cp.step.index"] == index
-        assert step.attributes["cp.run.status"] in ("running", "succeeded", "unverified")
+        assert step.attributes["cp.run.status"] == ("running", "unverified")[index]
         assert step.attributes["cp.budget.remaining.steps"] == 10 - (index + 1)
         assert step.attributes["cp.budget.remaining.tool_calls"] == 4
     # What the stream and its replay carry is the same as the rows.
