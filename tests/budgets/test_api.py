@@ -42,9 +42,11 @@ def test_without_a_budget_the_usage_of_the_days_runs_shows(
     """No limit set: no ledger, but the budget page still shows what was used."""
     run = drive(
         run_start(
-            tenant=demo_agent.tenant, agent_slug=demo_agent.slug, input="x",
+            tenant=demo_agent.tenant,
+            agent_slug=demo_agent.slug,
+            input="x",
             started_by=None,
-        )  # fmt: skip
+        )
     )
     assert run.input_tokens > 0 and run.output_tokens > 0
     body = api_client_for(viewer_user, demo_agent.tenant).get(URL).json()

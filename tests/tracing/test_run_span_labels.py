@@ -43,9 +43,11 @@ def test_a_resumed_step_is_named_for_its_own_index(
     client = api_client_for(operator_user, demo_agent.tenant)
     run = drive(
         run_start(
-            tenant=demo_agent.tenant, agent_slug=demo_agent.slug, input="x",
+            tenant=demo_agent.tenant,
+            agent_slug=demo_agent.slug,
+            input="x",
             started_by=None,
-        )  # fmt: skip
+        )
     )
     approval = ApprovalRequest.objects.get(run=run)
     _decide(client, approval, decision="approve")
