@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from controlplane.budget_ledger import (
@@ -352,11 +352,41 @@ def budget_update(
 
 
 def budget_usage(*, tenant: Tenant) -> dict[str, Any]:
-    """Used and reserved per period dimension in the current windows."""
+    """Used and reserved per period dimension in the current windows.
+
+    A tenant without a budget has no ledger (nothing is reserved where nothing
+    is limited): its use is what the window's runs recorded themselves."""
     budget = budget_of(tenant)
-    mode = budget.period_mode if budget else Budget.PeriodMode.CALENDAR
     now = timezone.now()
+    if budget is None:
+        return {
+            period: _runs_window_usage(tenant.pk, period, now) for period in PERIODS
+        }
+    mode = budget.period_mode
     return {period: window_usage(tenant.pk, mode, period, now) for period in PERIODS}
+
+
+def _runs_window_usage(
+    tenant_id: Any, period: str, now: dt.datetime
+) -> dict[str, dict[str, str]]:
+    """The calendar window's own runs' counters (ingested traces spend nothing
+    here, so they are left out), in `window_usage`'s shape."""
+    start = bucket_start(Budget.PeriodMode.CALENDAR, period, now)
+    totals = (
+        _runs()
+        .objects.filter(tenant_id=tenant_id, created_at__gte=start)
+        .exclude(stop_reason="external")
+        .aggregate(
+            input_tokens=Sum("input_tokens"),
+            output_tokens=Sum("output_tokens"),
+            cost=Sum("cost"),
+            runs=Count("id"),
+        )
+    )
+    return {
+        name: {"used": str(totals[name] or 0), "reserved": "0"}
+        for name in PERIOD_DIMENSIONS
+    }
 
 
 # ---------------------------------------------------------------- run caps
@@ -600,9 +630,15 @@ def budget_admit_run(*, run: Run) -> BudgetRefusal | None:
     return None
 
 
-def _active_runs(tenant_id: Any) -> Any:
+def _runs() -> type[Run]:
+    # runs is above controlplane; its model is read here, never imported at load.
     from runs.models import Run
 
+    return Run
+
+
+def _active_runs(tenant_id: Any) -> Any:
+    Run = _runs()  # noqa: N806 - the model class
     return Run.objects.filter(tenant_id=tenant_id).filter(
         Q(status__in=[Run.Status.RUNNING, Run.Status.WAITING_APPROVAL])
         | Q(status=Run.Status.QUEUED, step_token__isnull=False)

@@ -16,6 +16,7 @@ from controlplane.budget_services import run_usage_against_caps
 from controlplane.permissions import Action, action_required
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
+from runs.engine.evaluator import verdict_of
 from runs.models import Run
 
 
@@ -65,6 +66,15 @@ class RunSerializer(serializers.Serializer[Any]):
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     budget = serializers.SerializerMethodField()
+    # A finished run's outcome in words: {"verdict": passed | failed | unverified
+    # | none, "reason": ...}; null while the run goes on.
+    verdict = serializers.SerializerMethodField()
+
+    def get_verdict(self, run: Run) -> dict[str, str] | None:
+        if not run.is_terminal:
+            return None
+        verdict, reason = verdict_of(run.status, run.evaluation)
+        return {"verdict": verdict, "reason": reason}
 
     def get_budget(self, run: Run) -> dict[str, dict[str, Any]]:
         """Use against cap per dimension: {"steps": {"used": 3, "cap": 50}, ...}."""

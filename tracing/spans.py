@@ -29,6 +29,7 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
+from runs.engine.evaluator import verdict_of
 from runs.models import Run
 from tracing.models import Span
 from tracing.processor import (
@@ -37,6 +38,7 @@ from tracing.processor import (
     long_lived,
     span_batch_flush_if_slow,
 )
+from tracing.redaction import redact
 from tracing.setup import fixed_ids, tracer
 from tracing.store import span_abandon
 
@@ -46,6 +48,7 @@ __all__ = [
     "chat_span",
     "root_span_id",
     "run_root_end",
+    "run_verdict",
     "spans_abandon_of_dead_workers",
     "step_span",
     "tool_span",
@@ -167,7 +170,12 @@ def _root_start(run: Run) -> None:
 
 
 def _resume_and_end(
-    run: Run, *, span_id: str, attributes: dict[str, Any], error: str = ""
+    run: Run,
+    *,
+    span_id: str,
+    attributes: dict[str, Any],
+    error: str = "",
+    error_type: str = "",
 ) -> None:
     """Start a stored long-lived span again with its ids and start time; end it."""
     row = Span.objects.filter(trace_id=run.trace_id, span_id=span_id).first()
@@ -186,7 +194,7 @@ def _resume_and_end(
             attributes={**_run_attributes(run), **row.attributes, **attributes},
         )
     if error:
-        span.set_attribute("error.type", error)
+        span.set_attribute("error.type", error_type or error)
         span.set_status(Status(StatusCode.ERROR, error))
     span.end()
 
@@ -197,13 +205,25 @@ def run_root_end(run: Run) -> None:
         run=run, status=Span.Status.RUNNING, trace_id=run.trace_id
     ).exclude(span_id=f"{root_span_id(run):016x}"):
         span_abandon(span=span, reason=f"the run ended ({run.status})")
-    failed = run.status not in (Run.Status.SUCCEEDED,)
+    verdict, reason = run_verdict(run)
+    error = ""
+    if run.status not in (Run.Status.SUCCEEDED, Run.Status.UNVERIFIED):
+        # What went wrong in words: the evaluator's reason when it failed the
+        # run, else the host's detail; never the bare stop reason "done".
+        error = (
+            f"evaluation failed: {reason}"
+            if verdict == "failed"
+            else run.stop_detail or run.stop_reason or run.status
+        )
     _resume_and_end(
         run,
         span_id=f"{root_span_id(run):016x}",
         attributes={
             "cp.run.status": run.status,
             "cp.run.stop_reason": run.stop_reason,
+            "cp.run.stop_detail": run.stop_detail,
+            "cp.evaluation.verdict": verdict,
+            "cp.evaluation.reason": reason,
             "gen_ai.usage.input_tokens": run.input_tokens,
             "gen_ai.usage.output_tokens": run.output_tokens,
             "cp.run.cost": float(run.cost),
@@ -214,8 +234,14 @@ def run_root_end(run: Run) -> None:
             ),
             **_budget_attributes(run),
         },
-        error=run.stop_reason if failed else "",
+        error=error,
+        error_type="evaluation_failed" if verdict == "failed" else run.stop_reason,
     )
+
+
+def run_verdict(run: Run) -> tuple[str, str]:
+    """The verdict on a finished run and its reason (see `verdict_of`)."""
+    return verdict_of(run.status, run.evaluation)
 
 
 def spans_abandon_of_dead_workers(run: Run) -> None:
@@ -233,11 +259,17 @@ def spans_abandon_of_dead_workers(run: Run) -> None:
 
 @contextmanager
 def step_span(
-    run: Run, *, traceparent: str | None = None, taken_over: bool = False
+    run: Run,
+    *,
+    traceparent: str | None = None,
+    taken_over: bool = False,
+    resumes_step: int | None = None,
 ) -> Iterator[trace.Span]:
     """The span of one task's step, a child of the run's root; ends the root when
     the run is over. `taken_over`: the previous step's worker did not release the
-    lease, so its spans may still be running (recovery sweeps the others)."""
+    lease, so its spans may still be running (recovery sweeps the others).
+    `resumes_step`: the task finishes the open calls of that step (after an
+    approval or a crash) instead of asking the model: the span is named for it."""
     if not _traced(run):
         yield trace.INVALID_SPAN
         return
@@ -251,11 +283,15 @@ def step_span(
     parent = _context_from_traceparent(traceparent or "") or _context_from_traceparent(
         traceparent_for(run)
     )
-    index = run.steps
+    # A step's span carries the index of the step it works on (the API's), so a
+    # resumed step is not named after the model call that comes next.
+    index = run.steps if resumes_step is None else resumes_step
+    attributes: dict[str, Any] = {**_run_attributes(run), "cp.step.index": index}
+    if resumes_step is not None:
+        attributes["cp.step.resumed"] = True
+    name = f"step {index}" if resumes_step is None else f"step {index} (resumed)"
     with tracer().start_as_current_span(
-        f"step {index}",
-        context=parent,
-        attributes={**_run_attributes(run), "cp.step.index": index},
+        name, context=parent, attributes=attributes
     ) as span:
         try:
             yield span
@@ -448,15 +484,27 @@ def approval_span_settle(run: Run, *, tool_call: Any) -> None:
             return
         decided_at = getattr(request, "decided_at", None) or timezone.now()
         decider = getattr(request, "decided_by", None)
+        # The decision as a person reads it on the node: who, when, why, for
+        # how long, and what the arguments were before a reviewer's edit.
         attributes: dict[str, Any] = {
             "cp.approval.status": request.status,
             "cp.approval.rule": request.rule,
             "cp.approval.wait_seconds": round(
                 (decided_at - request.requested_at).total_seconds(), 3
             ),
+            "cp.approval.decided_at": decided_at.isoformat(),
+            "cp.approval.decision_reason": request.reason,
+            "cp.approval.scope": request.scope,
         }
         if decider is not None:
             attributes["cp.approval.decider"] = decider.get_username()
+        if request.original_args is not None:
+            editor = request.args_edited_by
+            attributes["cp.approval.args_edited"] = True
+            attributes["cp.approval.args_before"] = _json(redact(request.original_args))
+            attributes["cp.approval.args_after"] = _json(redact(request.args_snapshot))
+            if editor is not None:
+                attributes["cp.approval.args_edited_by"] = editor.get_username()
         _resume_and_end(
             run,
             span_id=f"{_approval_span_id(tool_call.id):016x}",

@@ -297,20 +297,30 @@ def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
     """Everything of `spans_store` that needs no database: done before its
     transaction, which on SQLite holds the one write lock every worker waits for."""
     pending: dict[tuple[Any, str], SpanPayload] = {}
+    ended = {id(w.handle) for w in writes if w.ended}
     prepared = [
-        (write, *_split_payloads(
+        # A start whose end is here too is stored whole from its end, whose
+        # attributes hold the start's and what was set later (tokens, output,
+        # results): its own are not split.
+        (write, {}, {})
+        if not write.ended and write.handle.pk is None and id(write.handle) in ended
+        else (write, *_split_payloads(
             write.tenant_id, write.record.attributes, write.handle.memo, pending
         ))
         for write in writes
     ]  # fmt: skip
-    ends = {id(w.handle): w for w, _, _ in prepared if w.ended}
+    ends = {id(w.handle): item for item in prepared if (w := item[0]).ended}
     new_rows: dict[int, Span] = {}  # by handle
     for write, attributes, payloads in prepared:
         if write.ended or write.handle.pk is not None:
             continue
-        end = ends.get(id(write.handle))
-        record = end.record if end is not None else write.record
-        new_rows[id(write.handle)] = _leased_row(write, record, attributes, payloads)
+        # Stored whole: times, status and attributes all from its end.
+        end_write, attributes, payloads = ends.get(
+            id(write.handle), (write, attributes, payloads)
+        )
+        new_rows[id(write.handle)] = _leased_row(
+            write, end_write.record, attributes, payloads
+        )
     payload_insert = span_insert = None
     if pending:
         payload_insert = rows_insert_statement(

@@ -49,3 +49,21 @@ def run_evaluator(evaluator: Evaluator, subject: EvaluationSubject) -> Evaluatio
     if not isinstance(evaluation, Evaluation):
         return Evaluation(Verdict.FAILED, "evaluator_error: no Evaluation returned")
     return evaluation
+
+
+UNVERIFIED_REASON = (
+    "the agent has no evaluator: nothing checked the outcome; the run ended "
+    "because the model said it was done"
+)
+NOT_EVALUATED_REASON = "not evaluated: the run stopped before the agent finished"
+
+
+def verdict_of(status: str, evaluation: Mapping[str, Any] | None) -> tuple[str, str]:
+    """What a person is told about a finished run's outcome: the evaluator's
+    verdict (`passed`/`failed`) and reason, `unverified` when the agent had no
+    evaluator, `none` when the run stopped before there was anything to judge."""
+    if evaluation and evaluation.get("verdict"):
+        return str(evaluation["verdict"]), str(evaluation.get("reason") or "")
+    if status == "unverified":
+        return "unverified", UNVERIFIED_REASON
+    return "none", NOT_EVALUATED_REASON

@@ -211,11 +211,18 @@ def run_advance(
     records = ExitStack()
     batch = records.enter_context(span_batch())
     spans = ExitStack()
+    # Open calls of the last assistant turn: this task finishes that step.
+    open_calls = pending_tool_calls(state.transcript)
     spans.enter_context(
-        step_span(run, traceparent=traceparent, taken_over=lease.taken_over)
+        step_span(
+            run,
+            traceparent=traceparent,
+            taken_over=lease.taken_over,
+            resumes_step=run.steps - 1 if open_calls and run.steps else None,
+        )
     )
     try:
-        _step(ctx)
+        _step(ctx, open_calls)
         _continue(ctx, spans, batch)
         return "continued"
     except StepEnded as ended:
@@ -234,10 +241,9 @@ def run_advance(
         lease_release(run)
 
 
-def _step(ctx: StepContext) -> None:
+def _step(ctx: StepContext, open_calls: list[ToolCall]) -> None:
     if ctx.run.cancel_requested:  # read with the lease just now
         _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
-    open_calls = pending_tool_calls(ctx.state.transcript)
     if open_calls:
         step = ctx.run.step_rows.order_by("-index").first()
         assert step is not None, "open calls without a recorded step"

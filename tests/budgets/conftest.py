@@ -17,7 +17,12 @@ from runs.engine.contracts import (
 )
 from runs.engine.tools import Tool
 from runs.tools import registry
-from tests.runs.conftest import drive_run, scripted_agent  # noqa: F401 (fixtures)
+from tests.runs.conftest import (  # noqa: F401 (fixtures)
+    demo_agent,
+    drive_run,
+    scripted_agent,
+    shop,
+)
 
 # The scripted model costs $0.001 per input token and $0.002 per output token.
 SCRIPTED_PRICE = {"input": Decimal("1000"), "output": Decimal("2000")}

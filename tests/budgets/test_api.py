@@ -6,6 +6,8 @@ import pytest
 
 from controlplane.budget_models import Budget
 from controlplane.models import AuditEvent
+from runs.services import run_start
+from tests.runs.conftest import drive
 
 URL = "/api/v1/budget/"
 GOOD = {
@@ -32,6 +34,29 @@ def test_without_a_budget_everything_is_unlimited(tenant, viewer_user, api_clien
     assert body["limits"]["max_concurrent_runs"] is None
     assert body["usage"]["day"]["cost"] == "0"
     assert body["usage"]["max_concurrent_runs"] == 0
+
+
+def test_without_a_budget_the_usage_of_the_days_runs_shows(
+    demo_agent, viewer_user, api_client_for
+):
+    """No limit set: no ledger, but the budget page still shows what was used."""
+    run = drive(
+        run_start(
+            tenant=demo_agent.tenant,
+            agent_slug=demo_agent.slug,
+            input="x",
+            started_by=None,
+        )
+    )
+    assert run.input_tokens > 0 and run.output_tokens > 0
+    body = api_client_for(viewer_user, demo_agent.tenant).get(URL).json()
+    assert body["limits"]["day"]["input_tokens"] is None  # nothing limited
+    assert not Budget.objects.filter(tenant=demo_agent.tenant).exists()
+    for period in ("day", "month"):
+        assert body["usage"][period]["input_tokens"] == str(run.input_tokens)
+        assert body["usage"][period]["output_tokens"] == str(run.output_tokens)
+        assert body["usage"][period]["runs"] == "1"
+        assert body["reserved"][period]["input_tokens"] == "0"
 
 
 def test_admin_sets_the_budget_and_the_change_is_audited(

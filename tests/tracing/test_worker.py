@@ -106,3 +106,87 @@ def test_a_slow_model_call_shows_its_span_running_while_it_works(
     finally:
         provider.server.shutdown()
         provider.server.server_close()
+
+
+def _settled_spans(run: Any, worker: Any, timeout: float = 30) -> list[Span]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.is_terminal:
+            break
+        time.sleep(0.1)
+    assert run.is_terminal, worker.output()
+    while time.monotonic() < deadline:
+        rows = list(Span.objects.filter(run=run).order_by("started_at", "id"))
+        if rows and all(r.status != "running" for r in rows):
+            return rows
+        time.sleep(0.05)
+    raise AssertionError(f"spans still running:\n{worker.output()}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fast_calls_in_a_worker_keep_their_output_tokens_and_results(
+    scripted_agent: Any, celery_worker_process: Any
+) -> None:
+    """A model that answers at once and a tool that returns at once: their spans
+    are stored whole (start and end in one write) and keep what their end set."""
+    from tracing.models import RunEvent, SpanPayload
+
+    agent = scripted_agent(
+        [
+            {
+                "text": "echoing",
+                "tool_calls": [
+                    {"id": "c1", "name": "echo", "arguments": {"text": "kettle"}}
+                ],
+                "usage": {"input_tokens": 412, "output_tokens": 31},
+                "model": "scripted-2026",
+            },
+            {"text": "all done", "usage": {"input_tokens": 500, "output_tokens": 7}},
+        ],
+        ["echo"],
+        default_limits={"max_steps": 10, "max_tool_calls": 5},
+    )
+    run = run_start(
+        tenant=agent.tenant, agent_slug=agent.slug, input="hi", started_by=None
+    )
+    rows = _settled_spans(run, celery_worker_process)
+    by_name: dict[str, list[Span]] = {}
+    for row in rows:
+        by_name.setdefault(row.name.split(" ")[0], []).append(row)
+    chats, tools, steps = by_name["chat"], by_name["execute_tool"], by_name["step"]
+    assert len(chats) == 2 and len(tools) == 1 and len(steps) == 2
+
+    def body(row: Span, key: str) -> Any:
+        import json
+
+        digest = row.payloads[key]
+        payload = SpanPayload.objects.get(tenant_id=run.tenant_id, sha256=digest)
+        return json.loads(payload.content)
+
+    expected = [(412, 31, "scripted-2026", "echoing"), (500, 7, "scripted", "all done")]
+    for chat, (tokens_in, tokens_out, model, text) in zip(chats, expected, strict=True):
+        assert chat.attributes["gen_ai.usage.input_tokens"] == tokens_in
+        assert chat.attributes["gen_ai.usage.output_tokens"] == tokens_out
+        assert chat.attributes["gen_ai.response.model"] == model
+        assert chat.attributes["gen_ai.response.finish_reasons"]
+        assert body(chat, "gen_ai.output.messages")[0]["content"] == text
+        assert "gen_ai.input.messages" in chat.payloads  # the start's are kept
+    tool = tools[0]
+    assert tool.attributes["cp.tool.executed"] is True
+    result = body(tool, "gen_ai.tool.call.result")
+    assert result["ok"] is True and result["data"] == {"text": "kettle"}
+    assert body(tool, "gen_ai.tool.call.arguments") == {"text": "kettle"}
+    for index, step in enumerate(steps):
+        assert step.attributes["cp.step.index"] == index
+        assert step.attributes["cp.run.status"] == ("running", "unverified")[index]
+        assert step.attributes["cp.budget.remaining.steps"] == 10 - (index + 1)
+        assert step.attributes["cp.budget.remaining.tool_calls"] == 4
+    # What the stream and its replay carry is the same as the rows.
+    ended = {
+        e.payload["span_id"]: e.payload
+        for e in RunEvent.objects.filter(run_id=run.id, type="span.ended")
+    }
+    for row in [*chats, *tools, *steps]:
+        assert ended[row.span_id]["attributes"] == row.attributes
+        assert ended[row.span_id]["payloads"] == row.payloads

@@ -114,6 +114,17 @@ export function approvalDetails(approval) {
     `\ndeny: the run ends budget_exhausted (${x.stop_reason})`;
 }
 
+// A decided approval in one line: what, who, when, the scope and the reason.
+// `d`: {status, decided_by, decided_at, scope, reason}.
+export function decisionSummary(d) {
+  const parts = [`${statusParts(d.status)[1]}${d.decided_by ? ` by ${d.decided_by}` : ""}`];
+  if (d.decided_at) parts.push(when(d.decided_at));
+  if (d.scope) parts.push(`scope ${d.scope === "run" ? "run (later calls of this tool in this run)" : "once"}`);
+  if (d.reason) parts.push(`reason “${d.reason}”`);
+  if (d.args_before != null) parts.push(`arguments edited${d.args_edited_by ? ` by ${d.args_edited_by}` : ""}`);
+  return parts.join(" · ");
+}
+
 // Show the connection state in the header: live, stale, reconnecting, polling…
 export function showConnection(state, detail = "") {
   const node = document.getElementById("conn");

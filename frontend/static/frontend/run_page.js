@@ -2,7 +2,7 @@
 // approval controls on the pending call's node.
 
 import { api, ApiError, rowsOf } from "./api.js";
-import { approvalDetails, approvalLabel, duration, el, money, pretty, since, statusBadge, timeLeft, tokens, TERMINAL_RUN, when } from "./format.js";
+import { approvalDetails, approvalLabel, decisionSummary, duration, el, money, pretty, since, statusBadge, timeLeft, tokens, TERMINAL_RUN, when } from "./format.js";
 import { Stream, throttle } from "./stream.js";
 import { TraceModel } from "./trace_model.js";
 import { TreeView } from "./tree_view.js";
@@ -29,6 +29,7 @@ const view = new TreeView(document.getElementById("tree"), model, {
   loadMore: (parent) => loadMore(parent),
   onSelect: (node) => selectSpan(node),
   approvalFor: (node) => pendingApprovalFor(node),
+  decisionFor: (node) => decisionOf(node),
   costOf: (node) => costOf(node),
   decide: (approvalId, verb, button) => decide(approvalId, verb, button),
   afterRender: (count) => {
@@ -51,6 +52,50 @@ function pendingApprovalFor(node) {
   return null;
 }
 
+// The decision on an approval node, once made: from the approvals API (who,
+// when, why, scope, arguments before/after an edit), else from the span's end.
+function decisionOf(node) {
+  if (!node.s.name.startsWith("approval")) return null;
+  const a = node.s.attributes || {};
+  const callId = a["gen_ai.tool.call.id"];
+  for (const approval of approvals.values()) {
+    if (approval.tool_call_id === callId && approval.status !== "pending") return decisionOfApproval(approval);
+  }
+  const status = a["cp.approval.status"];
+  if (!status || status === "pending" || !node.s.ended_at) return null;
+  const parse = (v) => { try { return v == null ? null : JSON.parse(v); } catch { return v; } };
+  return {
+    tool: a["gen_ai.tool.name"], status, decided_by: a["cp.approval.decider"] || null,
+    decided_at: a["cp.approval.decided_at"] || null, scope: a["cp.approval.scope"] || null,
+    reason: a["cp.approval.decision_reason"] || "", args_edited_by: a["cp.approval.args_edited_by"] || null,
+    args_before: parse(a["cp.approval.args_before"]), args_after: parse(a["cp.approval.args_after"]),
+  };
+}
+
+function decisionOfApproval(approval) {
+  const edited = approval.original_args != null;
+  return {
+    tool: approvalLabel(approval), status: approval.status, decided_by: approval.decided_by,
+    decided_at: approval.decided_at, scope: approval.scope, reason: approval.reason,
+    args_edited_by: approval.args_edited_by, args_before: edited ? approval.original_args : null,
+    args_after: edited ? approval.args : null,
+  };
+}
+
+function decisionBox(d, testid) {
+  const box = el("section", { class: `decision d-${d.status}`, "data-testid": testid },
+    el("h3", { text: "Decision" }),
+    el("p", {}, statusBadge(d.status), d.decided_by ? ` by ${d.decided_by}` : ""),
+    table([["Decided", d.decided_at ? when(d.decided_at) : "–"], ["Scope", d.scope || "–"], ["Reason", d.reason || "–"]]));
+  if (d.args_before != null) {
+    box.append(el("p", { class: "small", text: `Arguments edited${d.args_edited_by ? ` by ${d.args_edited_by}` : ""} before approval:` }),
+      el("div", { class: "args-diff" },
+        el("div", {}, el("span", { class: "muted small", text: "Before (proposed)" }), el("pre", { class: "args", "data-testid": "args-before", text: pretty(d.args_before) })),
+        el("div", {}, el("span", { class: "muted small", text: "After (executed)" }), el("pre", { class: "args", "data-testid": "args-after", text: pretty(d.args_after) }))));
+  }
+  return box;
+}
+
 function approvalNode(approval) {
   for (const node of model.nodes.values()) {
     if (node.s.name.startsWith("approval") && (node.s.attributes || {})["gen_ai.tool.call.id"] === approval.tool_call_id) return node;
@@ -64,6 +109,10 @@ async function loadApprovals() {
     approvals = new Map(rows.map((a) => [a.id, a]));
   } catch { /* keep what we have */ }
   renderBanner();
+  if (run) renderRun(); // the header lists the decisions
+  const selected = view.selectedId && model.nodes.get(view.selectedId);
+  // A decided node shows its decision; a pending one keeps what is typed in its form.
+  if (selected && decisionOf(selected)) renderDetail(selected, lastFull);
   view.schedule();
 }
 
@@ -99,17 +148,21 @@ function flash(message, kind = "error") {
   box.textContent = message || "";
 }
 
-async function decide(approvalId, verb, button) {
+// `extra`: what the panel's form adds to an approval (reason, scope, edited args).
+async function decide(approvalId, verb, button, extra = {}) {
   const approval = approvals.get(approvalId);
   if (!approval) return;
-  let reason = "";
+  let reason = extra.reason || "";
   if (verb === "deny") {
     reason = await askDenyReason(approvalLabel(approval));
     if (reason === null) return;
   }
+  const body = { decision: verb, reason };
+  if (verb === "approve" && extra.scope) body.scope = extra.scope;
+  if (verb === "approve" && extra.args !== undefined) body.args = extra.args;
   if (button) button.disabled = true;
   try {
-    const decided = await api(`/api/v1/approvals/${approvalId}/decide/`, { method: "POST", body: { decision: verb, reason } });
+    const decided = await api(`/api/v1/approvals/${approvalId}/decide/`, { method: "POST", body });
     approvals.set(decided.id, decided);
     flash(`${verb === "approve" ? "Approved" : "Denied"} ${approvalLabel(decided)}.`, "notice");
   } catch (error) {
@@ -117,6 +170,8 @@ async function decide(approvalId, verb, button) {
       const current = error.body?.error?.approval;
       if (current) approvals.set(current.id, current);
       flash(`Already decided: ${current ? `${current.status}${current.decided_by ? ` by ${current.decided_by}` : ""}` : error.message}.`);
+    } else if (error instanceof ApiError && error.status === 400 && extra.onFieldErrors) {
+      extra.onFieldErrors(error);
     } else {
       flash(`The decision failed: ${error.message}`);
     }
@@ -156,21 +211,45 @@ function renderRun() {
     ["Tokens", `${tokens(run.input_tokens)} in / ${tokens(run.output_tokens)} out`], ["Cost", money(run.cost)],
   ];
   if (run.stop_reason) facts.push(["Stop reason", `${run.stop_reason}${run.stop_detail ? ` — ${run.stop_detail}` : ""}`]);
+  if (run.verdict) facts.push(["Outcome", outcomeText(), "run-verdict"]);
+  const decided = [...approvals.values()].filter((a) => a.status !== "pending").map(decisionOfApproval);
+  if (decided.length) {
+    facts.push(["Decisions", el("ul", { class: "decisions" }, ...decided.map((d) => el("li", {},
+      el("code", { text: d.tool }), ` ${decisionSummary(d)}`,
+      d.args_before != null ? el("span", { class: "small" }, el("br"), "before ", el("code", { "data-testid": "run-args-before", text: JSON.stringify(d.args_before) }),
+        " → after ", el("code", { "data-testid": "run-args-after", text: JSON.stringify(d.args_after) })) : null))), "run-decisions"]);
+  }
   if (run.final_answer) facts.push(["Answer", run.final_answer]);
-  document.getElementById("run-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: String(v) })]));
+  document.getElementById("run-facts").replaceChildren(...facts.flatMap(([k, v, testid]) => [el("dt", { text: k }),
+    el("dd", { "data-testid": testid }, typeof v === "object" && v !== null ? v : String(v))]));
   const cancel = document.getElementById("cancel-run");
   if (cancel) cancel.hidden = TERMINAL_RUN.has(run.status);
   renderBurn();
 }
 
+// The verdict in words; a run that failed after a denial says so.
+function outcomeText() {
+  const { verdict, reason } = run.verdict;
+  const label = { passed: "passed", failed: "failed", unverified: "unverified", none: "not evaluated" }[verdict] || verdict;
+  let text = `${run.status.replace(/_/g, " ")} — evaluation ${label}: ${reason}`;
+  if (run.status !== "succeeded") {
+    const denied = [...approvals.values()].filter((a) => a.status === "denied" || a.status === "expired");
+    for (const a of denied) text += `; ${approvalLabel(a)} was ${a.status}${a.decided_by ? ` by ${a.decided_by}` : ""}${a.reason ? `: “${a.reason}”` : ""}`;
+  }
+  return text;
+}
+
 function renderBurn() {
-  const limits = run.limits || {};
-  const wall = run.started_at ? since(run.started_at, run.finished_at) / 1000 : 0;
+  // Use against caps as the server's budget counts them (approved extensions
+  // included; wall time is the run's active seconds, never a wait for a human).
+  const b = run.budget || {};
+  const used = (name) => Number(b[name]?.used ?? 0);
+  const cap = (name) => (b[name]?.cap == null ? null : Number(b[name].cap));
   const dims = [
-    ["Steps", run.steps, limits.max_steps], ["Tool calls", run.tool_calls, limits.max_tool_calls],
-    ["Input tokens", run.input_tokens, limits.max_input_tokens], ["Output tokens", run.output_tokens, limits.max_output_tokens],
-    ["Cost", Number(run.cost), limits.max_cost == null ? null : Number(limits.max_cost), money],
-    ["Wall time", wall, limits.max_wall_seconds, (v) => duration(v * 1000)],
+    ["Steps", used("steps"), cap("steps")], ["Tool calls", used("tool_calls"), cap("tool_calls")],
+    ["Input tokens", used("input_tokens"), cap("input_tokens")], ["Output tokens", used("output_tokens"), cap("output_tokens")],
+    ["Cost", used("cost"), cap("cost"), money],
+    ["Wall time", used("wall_seconds"), cap("wall_seconds"), (v) => duration(v * 1000)],
   ];
   document.getElementById("burn").replaceChildren(...dims.map(([label, used, cap, fmt = String]) => gauge(label, used, cap, fmt)));
 }
@@ -199,7 +278,8 @@ function stepCost(index) {
 function costOf(node) {
   const a = node.s.attributes || {};
   for (const key of ["cp.cost", "cp.usage.cost", "gen_ai.usage.cost"]) if (a[key] != null) return a[key];
-  if (a["cp.step.index"] != null && node.s.name.startsWith("step")) return stepCost(a["cp.step.index"]);
+  // A resumed step made no model call: its step's cost is on the first span.
+  if (a["cp.step.index"] != null && node.s.name.startsWith("step") && !a["cp.step.resumed"]) return stepCost(a["cp.step.index"]);
   if (a["gen_ai.operation.name"] === "invoke_agent" && run) return run.cost;
   return null;
 }
@@ -370,8 +450,10 @@ function expandDefault() {
 
 let detailToken = 0;
 let detailTimer = null;
+let lastFull = null; // the selected span as fetched, with its payload bodies
 
 function selectSpan(node, { refetch = true } = {}) {
+  lastFull = null;
   renderDetail(node, null);
   if (!refetch || node.s.id == null) return;
   clearTimeout(detailTimer);
@@ -379,7 +461,7 @@ function selectSpan(node, { refetch = true } = {}) {
   detailTimer = setTimeout(async () => {
     try {
       const full = await api(`/api/v1/spans/${node.s.id}/`);
-      if (token === detailToken) renderDetail(node, full);
+      if (token === detailToken) { lastFull = full; renderDetail(node, full); }
     } catch (error) {
       if (token === detailToken) renderDetail(node, { error: error.message });
     }
@@ -391,6 +473,61 @@ const PAYLOAD_TITLES = {
   "gen_ai.output.messages": "Model output", "gen_ai.tool.call.arguments": "Tool arguments",
   "gen_ai.tool.call.result": "Tool result", "gen_ai.tool.definitions": "Tool definitions",
 };
+
+const PAYLOAD_TEST_IDS = {
+  "gen_ai.input.messages": "span-input", "gen_ai.output.messages": "span-output",
+  "gen_ai.tool.call.arguments": "span-arguments", "gen_ai.tool.call.result": "span-result",
+};
+
+// Approve from the panel: the arguments (editable JSON), the scope and a reason.
+// Invalid JSON is refused next to the field and nothing is sent.
+// What was typed in an approval's form survives the panel being drawn again
+// (a span event, the payload fetch) until the approval is decided.
+const approvalDrafts = new Map();
+
+function approvalForm(approval) {
+  const original = JSON.stringify(approval.args ?? {}, null, 2);
+  const draft = approvalDrafts.get(approval.id) || { args: original, scope: "once", reason: "" };
+  approvalDrafts.set(approval.id, draft);
+  const args = el("textarea", { id: "approve-args", rows: "5", class: "args", "aria-describedby": "approve-args-error", oninput: () => { draft.args = args.value; } });
+  args.value = draft.args;
+  const argsError = el("p", { class: "field-error", id: "approve-args-error", role: "alert" });
+  const scope = el("select", { id: "approve-scope", onchange: () => { draft.scope = scope.value; } },
+    el("option", { value: "once", text: "once: this call only" }),
+    el("option", { value: "run", text: "run: later calls of this tool in this run" }));
+  scope.value = draft.scope;
+  const reason = el("input", { id: "approve-reason", type: "text", placeholder: "optional", oninput: () => { draft.reason = reason.value; } });
+  reason.value = draft.reason;
+  const submit = (event) => {
+    let edited;
+    argsError.textContent = "";
+    args.removeAttribute("aria-invalid");
+    if (args.value.trim() !== original.trim()) {
+      try { edited = JSON.parse(args.value); } catch (error) {
+        argsError.textContent = `Not valid JSON: ${error.message}`;
+        args.setAttribute("aria-invalid", "true");
+        args.focus();
+        return;
+      }
+    }
+    decide(approval.id, "approve", event.target, {
+      args: edited, scope: scope.value, reason: reason.value.trim(),
+      onFieldErrors: (error) => {
+        const fields = error.fields || {};
+        const text = (v) => (Array.isArray(v) ? v.join(" ") : String(v));
+        argsError.textContent = fields.args ? text(fields.args) : Object.entries(fields).map(([k, v]) => `${k}: ${text(v)}`).join(" ") || error.message;
+        args.setAttribute("aria-invalid", "true");
+      },
+    });
+  };
+  return el("div", { class: "approve-form" },
+    el("label", { for: "approve-args", text: "Arguments (edit to change what runs)" }), args, argsError,
+    el("label", { for: "approve-scope", text: "Scope" }), scope,
+    el("label", { for: "approve-reason", text: "Reason for approving" }), reason,
+    el("div", { class: "buttons" },
+      el("button", { type: "button", class: "approve", "aria-label": `Approve ${approval.tool} (panel)`, text: "✓ Approve", onclick: submit }), " ",
+      el("button", { type: "button", class: "deny", "aria-label": `Deny ${approval.tool} (panel)`, text: "✕ Deny", onclick: (e) => decide(approval.id, "deny", e.target) })));
+}
 
 function bodiesOf(full) {
   if (!full) return null;
@@ -421,12 +558,32 @@ function renderDetail(node, full) {
   }
   if (approval) {
     const box = el("section", { class: "approval-card" }, el("h3", { text: "Waiting for approval" }),
-      el("p", { text: `Rule: ${approval.rule_reason || approval.rule} · ${timeLeft(approval.expires_at)}` }),
-      el("pre", { class: "args", text: pretty(approval.args) }));
-    if (canDecide) box.append(
-      el("button", { type: "button", class: "approve", "aria-label": `Approve ${approval.tool} (panel)`, text: "✓ Approve", onclick: (e) => decide(approval.id, "approve", e.target) }), " ",
-      el("button", { type: "button", class: "deny", "aria-label": `Deny ${approval.tool} (panel)`, text: "✕ Deny", onclick: (e) => decide(approval.id, "deny", e.target) }));
+      el("p", { text: `Rule: ${approval.rule_reason || approval.rule} · ${timeLeft(approval.expires_at)}` }));
+    if (canDecide && approval.kind !== "budget_extension") box.append(approvalForm(approval));
+    else {
+      box.append(el("pre", { class: "args", text: approvalDetails(approval) }));
+      if (canDecide) box.append(
+        el("button", { type: "button", class: "approve", "aria-label": `Approve ${approvalLabel(approval)} (panel)`, text: "✓ Approve", onclick: (e) => decide(approval.id, "approve", e.target) }), " ",
+        el("button", { type: "button", class: "deny", "aria-label": `Deny ${approvalLabel(approval)} (panel)`, text: "✕ Deny", onclick: (e) => decide(approval.id, "deny", e.target) }));
+    }
     parts.push(box);
+  }
+  const decision = approval ? null : decisionOf(node);
+  if (decision) parts.push(decisionBox(decision, "approval-decision"));
+  const verdict = a["cp.evaluation.verdict"] || (a["gen_ai.operation.name"] === "invoke_agent" && s.ended_at && run?.verdict?.verdict);
+  if (verdict) {
+    const why = a["cp.evaluation.reason"] ?? run?.verdict?.reason ?? "";
+    parts.push(el("section", { class: `verdict v-${verdict}`, "data-testid": "span-verdict" },
+      el("h3", { text: "Evaluation" }), el("p", {}, el("strong", { text: verdict }), ` — ${why}`)));
+  }
+  const inT = a["gen_ai.usage.input_tokens"];
+  const outT = a["gen_ai.usage.output_tokens"];
+  if (inT != null || outT != null || a["gen_ai.response.model"]) {
+    const facts = [];
+    if (inT != null || outT != null) facts.push(el("dt", { text: "Tokens" }), el("dd", { "data-testid": "span-tokens", text: `${inT ?? 0} in / ${outT ?? 0} out` }));
+    if (a["gen_ai.response.model"]) facts.push(el("dt", { text: "Response model" }), el("dd", { "data-testid": "span-model", text: a["gen_ai.response.model"] }));
+    if (a["gen_ai.response.finish_reasons"]) facts.push(el("dt", { text: "Finish" }), el("dd", { text: [].concat(a["gen_ai.response.finish_reasons"]).join(", ") }));
+    parts.push(el("dl", { class: "span-facts" }, ...facts));
   }
   const sandbox = Object.entries(a).filter(([k]) => k.startsWith("cp.sandbox."));
   if (sandbox.length) {
@@ -439,7 +596,7 @@ function renderDetail(node, full) {
     const body = bodies ? bodies[name] : undefined;
     const details = el("details", { open: name !== "gen_ai.tool.definitions" && name !== "gen_ai.system_instructions" },
       el("summary", { text: title }),
-      el("pre", { class: "payload", text: body === undefined ? (full?.error ? `Could not load: ${full.error}` : "Loading…") : pretty(body) }));
+      el("pre", { class: "payload", "data-testid": PAYLOAD_TEST_IDS[name], text: body === undefined ? (full?.error ? `Could not load: ${full.error}` : "Loading…") : pretty(body) }));
     parts.push(details);
   }
   const plain = Object.entries(a).filter(([k]) => !k.startsWith("cp.sandbox."));

@@ -3,7 +3,7 @@
 // Keyboard: ↑/↓ move, → expands or enters, ← collapses or goes up, Home/End,
 // PageUp/PageDown, * expands all siblings; the focused row is the selected span.
 
-import { duration, money, statusParts, timeLeft, tokens } from "./format.js";
+import { decisionSummary, duration, money, statusParts, timeLeft, tokens } from "./format.js";
 
 export const ROW_HEIGHT = 30;
 const OVERSCAN = 12;
@@ -13,7 +13,8 @@ const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "
 export class TreeView {
   // host: the scrolling element (role=tree); model: TraceModel;
   // hooks: loadChildren(node), loadMore(parentNode|null), onSelect(node),
-  // approvalFor(node) -> pending approval or null, costOf(node), decide(approval, verb)
+  // approvalFor(node) -> pending approval or null, decisionFor(node) -> the decision
+  // on a decided approval node or null, costOf(node), decide(approval, verb)
   constructor(host, model, hooks) {
     Object.assign(this, { host, model, hooks });
     this.rows = [];
@@ -118,8 +119,14 @@ export class TreeView {
     const node = row.node;
     const s = node.s;
     const a = s.attributes || {};
-    const [icon, word] = statusParts(s.status);
     const approval = this.hooks.approvalFor(node);
+    const decision = approval ? null : this.hooks.decisionFor?.(node);
+    // A decided approval reads as its decision, a finished root as its run's
+    // status (an unverified run is not "done"), whatever the span's own code.
+    let shown = s.status;
+    if (decision) shown = decision.status;
+    else if (a["gen_ai.operation.name"] === "invoke_agent" && s.ended_at && a["cp.run.status"]) shown = a["cp.run.status"];
+    const [icon, word] = statusParts(shown);
     const start = Date.parse(s.started_at);
     const end = s.ended_at ? Date.parse(s.ended_at) : now;
     const span = t1 - t0;
@@ -145,11 +152,15 @@ export class TreeView {
           + `<button type="button" class="deny" data-action="deny" data-approval="${esc(approval.id)}" aria-label="Deny ${esc(approval.tool)}">✕ Deny</button>` : "")
         + `</span>`;
     }
+    if (decision) {
+      const text = decisionSummary(decision);
+      extra = `<span class="decision-inline" data-testid="decision-inline" title="${esc(text)}">${esc(text)}</span>`;
+    }
     const label = `${s.name}, ${approval ? "waiting for approval" : word}`;
     return `<div class="trow st-${esc(s.status)}${selected ? " selected" : ""}${focus ? " focus" : ""}${approval ? " pending" : ""}" id="row-${esc(node.id)}" role="treeitem"`
       + ` aria-level="${row.depth + 1}" aria-selected="${selected}"${leaf ? "" : ` aria-expanded="${node.expanded}"`} aria-label="${esc(label)}"`
       + ` data-index="${index}" data-span="${esc(node.id)}" style="top:${top}px">`
-      + `<span class="name" style="padding-left:${pad}px">${toggle}<span class="sicon s-${esc(approval ? "waiting_approval" : s.status)}" title="${esc(approval ? "waiting for approval" : word)}" aria-hidden="true">${approval ? "‖" : icon}</span>`
+      + `<span class="name" style="padding-left:${pad}px">${toggle}<span class="sicon s-${esc(approval ? "waiting_approval" : shown)}" title="${esc(approval ? "waiting for approval" : word)}" aria-hidden="true">${approval ? "‖" : icon}</span>`
       + `<span class="label" title="${esc(s.name)}">${esc(s.name)}</span><span class="sr-only">${esc(word)}</span>${extra}</span>`
       + (approval ? "" : `<span class="num" title="${esc(tokTitle)}">${tok}</span><span class="num">${cost == null ? "" : money(cost)}</span>`
       + `<span class="num">${duration(end - start)}</span>`)
