@@ -262,7 +262,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Every record is redacted (tracing/redaction.py) before any handler writes it.
+    "filters": {"redact": {"()": "tracing.redaction.RedactingLogFilter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["redact"],
+        }
+    },
     "root": {
         "handlers": ["console"],
         "level": env.string("LOG_LEVEL", "INFO", help="Root log level."),

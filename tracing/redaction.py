@@ -93,6 +93,7 @@ def _key_value_pattern(secret: frozenset[str]) -> re.Pattern[str] | None:
     return re.compile(
         r"(?P<head>(?:\\?[\"'])?(?<![\w\-])(?:" + names + r")(?:\\?[\"'])?\s{0,8}"
         r"[:=]\s{0,8})"
+        r"(?!\[REDACTED\])"  # already hidden by a credential pattern
         r"(?P<value>\\\"(?:[^\"\\]|\\[^\"]){0,4096}\\\""
         r"|\"(?:[^\"\\\n]|\\.){0,4096}\""
         r"|'[^'\n]{0,4096}'"
@@ -242,7 +243,7 @@ class RedactingLogFilter(logging.Filter):
         if record.exc_info and not record.exc_text:
             text = "".join(traceback.format_exception(*record.exc_info))
             record.exc_text = redact_text(text.rstrip("\n"))
-        if record.exc_text:
+        elif record.exc_text:
             record.exc_text = redact_text(record.exc_text)
         if record.stack_info:
             record.stack_info = redact_text(record.stack_info)
