@@ -16,6 +16,7 @@ from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
 from approvals.models import ApprovalRequest
+from approvals.services import approval_decide
 from controlplane.asgi import application
 from controlplane.services import api_token_issue
 from runs.engine.contracts import Effect, Idempotency, ToolContract, ToolSource
@@ -24,9 +25,12 @@ from runs.models import Run, ToolCall
 from runs.services import run_start
 from runs.tools import registry
 from tests.conftest import BASE_DIR
-from tracing.models import RunEvent
+from tests.tracing.test_spans import exported
+from tracing.models import RunEvent, Span, SpanPayload
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+__all__ = ["exported"]  # the OTLP exporter fixture, behind the redacting wrapper
 
 # Hidden because of their keys (not credential-shaped).
 PASSWORD = "hunter2-Correct-Horse"
@@ -362,3 +366,47 @@ def test_a_celery_process_logs_through_the_redacting_handler() -> None:
     assert done.returncode == 0, done.stderr
     assert "WARNING celery.worker: token=[REDACTED]" in done.stderr
     assert NESTED_TOKEN not in done.stdout + done.stderr
+
+
+def test_spans_stored_and_exported_hide_secrets_inside_serialized_arguments(
+    scripted_agent: Any,
+    partner_api: list[dict[str, Any]],
+    operator_user: Any,
+    tenant: Any,
+    drive_run: Any,
+    exported: Any,
+) -> None:
+    # The model's `function.arguments` and the tool span's arguments are JSON
+    # text: the key rule applies inside them as it does to a dict.
+    call = {"id": "c1", "name": "call_partner_api", "arguments": json.dumps(ARGS)}
+    scripted_agent(
+        [{"text": "", "tool_calls": [call]}, {"text": "Sent."}], ["call_partner_api"]
+    )
+    run = drive_run(
+        run_start(tenant=tenant, agent_slug="scripted", input="go", started_by=None)
+    )
+    approval_decide(
+        request=ApprovalRequest.objects.get(run=run),
+        decided_by=operator_user,
+        approve=True,
+    )
+    run = drive_run(run)
+    assert run.is_terminal and partner_api == [ARGS]
+    stored = json.dumps(
+        [
+            list(Span.objects.filter(run=run).values()),
+            list(RunEvent.objects.filter(run=run).values("payload")),
+            list(SpanPayload.objects.filter(tenant=tenant).values("content")),
+        ],
+        default=str,
+    )
+    spans = exported.get_finished_spans()
+    sent = json.dumps(
+        [
+            [dict(s.attributes or {}), [dict(e.attributes or {}) for e in s.events]]
+            for s in spans
+        ]
+    )
+    assert any(s.name == "execute_tool call_partner_api" for s in spans)
+    _assert_no_secret({"stored spans": stored, "exported spans": sent})
+    assert "eu-west-1" in stored and "eu-west-1" in sent
