@@ -156,9 +156,7 @@ def _json_or_none(text: str) -> dict[str, Any] | list[Any] | None:
     return decoded if isinstance(decoded, (dict, list)) else None
 
 
-def redact(
-    value: Any, *, keys: frozenset[str] | None = None, _depth: int = 0
-) -> Any:
+def redact(value: Any, *, keys: frozenset[str] | None = None, _depth: int = 0) -> Any:
     """Return `value` with secret keys and credential-looking strings redacted.
 
     Walks dicts, lists and tuples; strings are scanned, and strings that hold

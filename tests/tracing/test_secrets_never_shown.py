@@ -236,9 +236,8 @@ def test_secrets_in_tool_calls_reach_no_reader_and_the_tool_still_gets_them(
 
     ended = _everything_a_member_reads(viewer, run)
     _assert_no_secret(ended)
-    result = json.loads(ended[f"/api/v1/runs/{run.id}/"])["step_rows"][0][
-        "tool_calls"
-    ][0]["result"]
+    step = json.loads(ended[f"/api/v1/runs/{run.id}/"])["step_rows"][0]
+    result = step["tool_calls"][0]["result"]
     assert result["data"] == {
         "accepted": True,
         "token": "[REDACTED]",
