@@ -4,7 +4,9 @@ redaction rule, while the rows keep what the tool executes with."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from runs.tools import registry
 from tests.conftest import BASE_DIR
 from tests.tracing.test_spans import exported
 from tracing.models import RunEvent, Span, SpanPayload
+from tracing.redaction import RedactingLogFilter
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -131,11 +134,13 @@ def _everything_a_member_reads(client: Any, run: Run) -> dict[str, str]:
     return bodies
 
 
-def _replay(secret: str, run: Run) -> list[dict[str, Any]]:
+def _replay(secret: str, path: str, *, last_id: int) -> list[dict[str, Any]]:
+    """Event frames a stream replays from the start, up to the event `last_id`."""
+
     async def collect() -> list[dict[str, Any]]:
         ws = WebsocketCommunicator(
             application,
-            f"/ws/runs/{run.id}/?after_seq=0",
+            path,
             headers=[
                 (b"origin", b"http://testserver"),
                 (b"authorization", f"Bearer {secret}".encode()),
@@ -143,9 +148,8 @@ def _replay(secret: str, run: Run) -> list[dict[str, Any]]:
         )
         connected, _ = await ws.connect()
         assert connected
-        total = await _event_count(run)
         got: list[dict[str, Any]] = []
-        while not got or got[-1]["seq"] < total:
+        while not got or got[-1]["id"] < last_id:
             frame = await ws.receive_json_from(timeout=5)
             if frame["type"] == "event":
                 got.append(frame["event"])
@@ -153,12 +157,6 @@ def _replay(secret: str, run: Run) -> list[dict[str, Any]]:
         return got
 
     return async_to_sync(collect)()
-
-
-async def _event_count(run: Run) -> int:
-    from asgiref.sync import sync_to_async
-
-    return await sync_to_async(RunEvent.objects.filter(run=run).count)()
 
 
 def _assert_no_secret(bodies: dict[str, str]) -> None:
@@ -257,11 +255,23 @@ def test_secrets_in_tool_calls_reach_no_reader_and_the_tool_still_gets_them(
     decided_event = [e for e in events["events"] if e["type"] == "approval.decided"]
     assert decided_event[0]["payload"]["reason"] == "checked with [REDACTED]"
 
-    # The WebSocket replay of the whole log, to a viewer.
-    frames = _replay(api_token_issue(tenant=tenant, user=viewer_user).secret, run)
+    # The WebSocket replays of the run's log and of the tenant's feed, to a viewer.
+    secret = api_token_issue(tenant=tenant, user=viewer_user).secret
+    last_id = (
+        RunEvent.objects.filter(run=run).order_by("-id").values_list("id", flat=True)[0]
+    )
+    frames = _replay(secret, f"/ws/runs/{run.id}/?after_seq=0", last_id=last_id)
     assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
-    _assert_no_secret({"ws replay": json.dumps(frames)})
     assert any(f["type"] == "approval.requested" for f in frames)
+    feed = _replay(
+        secret,
+        "/ws/tenant/?after_id=0",
+        last_id=max(e["id"] for e in frames if not e["type"].startswith("span.")),
+    )
+    assert any(f["type"] == "approval.decided" for f in feed)
+    _assert_no_secret(
+        {"run stream": json.dumps(frames), "tenant feed": json.dumps(feed)}
+    )
 
     # The audit log, to an admin.
     audit = api_client_for(admin_user, tenant).get("/api/v1/audit/?limit=100")
@@ -311,11 +321,6 @@ def test_an_unparseable_raw_arguments_string_is_redacted_in_spans_and_the_api(
 @pytest.fixture
 def log_stream() -> Iterator[Any]:
     """The stream of the console handler Django configured from settings.LOGGING."""
-    import io
-    import logging
-
-    from tracing.redaction import RedactingLogFilter
-
     handlers = [
         h
         for h in logging.getLogger().handlers
@@ -330,8 +335,6 @@ def log_stream() -> Iterator[Any]:
 
 
 def test_a_log_record_with_secrets_is_redacted(log_stream: Any) -> None:
-    import logging
-
     logger = logging.getLogger("runs.services.advance")
     logger.warning("calling %s with password=%s", "https://partner.example", PASSWORD)
     try:
