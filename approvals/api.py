@@ -18,7 +18,7 @@ from approvals import rules, selectors, services
 from approvals.models import ApprovalRequest, TenantApprovalSettings
 from controlplane.models import Role
 from controlplane.tenancy import IsTenantMember, role_required, tenant_of
-from tracing.redaction import RedactedCharField, RedactedJSONField
+from tracing.redaction import ArgsDigestField, RedactedCharField, RedactedJSONField
 
 
 def _remote_addr(request: Request) -> str | None:
@@ -37,7 +37,7 @@ class DecisionSerializer(serializers.Serializer[Any]):
     user = serializers.CharField(source="user.username", allow_null=True)
     decision = serializers.CharField()
     reason = RedactedCharField()
-    args_sha256 = serializers.CharField()
+    args_sha256 = ArgsDigestField()
     created_at = serializers.DateTimeField()
 
 
@@ -58,7 +58,9 @@ class ApprovalSerializer(serializers.Serializer[Any]):
     # Redacted: the snapshot keeps what the tool executes with. An approver who
     # edits sends the shown values back and the service restores what they hide.
     args = RedactedJSONField(source="args_snapshot")
-    args_sha256 = serializers.CharField()
+    # Keyed: the plain sha256 of arguments with one value hidden would let a
+    # reader test guesses of that value.
+    args_sha256 = ArgsDigestField()
     original_args = RedactedJSONField()
     args_edited_by = serializers.CharField(
         source="args_edited_by.username", allow_null=True, default=None

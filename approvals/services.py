@@ -32,7 +32,7 @@ from controlplane.models import Membership, Role
 from controlplane.services import audit_record
 from runs.engine.actions import ToolCall as EngineToolCall
 from runs.models import Run, ToolCall
-from tracing.redaction import unredact
+from tracing.redaction import args_digest, unredact
 
 
 class AlreadyDecided(Exception):
@@ -160,7 +160,7 @@ def _audit_view(request: ApprovalRequest) -> dict[str, Any]:
         "status": request.status,
         "run": str(request.run_id),
         "tool": request.tool_name,
-        "args_sha256": request.args_sha256,
+        "args_sha256": args_digest(request.args_sha256),  # as the API shows it
         "rule": request.rule,
     }
     if request.extension is not None:

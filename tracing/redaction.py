@@ -17,6 +17,8 @@ API serializes them; the logging filter redacts every record.
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import json
 import logging
 import re
@@ -213,6 +215,21 @@ def unredact(edited: Any, original: Any, *, key: str | None = None) -> Any:
     ):
         return [unredact(e, o) for e, o in zip(edited, original, strict=True)]
     return edited
+
+
+def args_digest(sha256: str) -> str:
+    """An arguments hash as a reader sees it: keyed with the server's SECRET_KEY,
+    so it still tells argument versions apart, but a reader who sees the other
+    arguments cannot test guesses of a hidden value against it offline."""
+    key = settings.SECRET_KEY.encode()
+    return hmac.new(key, f"args:{sha256}".encode(), hashlib.sha256).hexdigest()
+
+
+class ArgsDigestField(serializers.CharField):
+    """A stored arguments sha256, shown as `args_digest`."""
+
+    def to_representation(self, value: Any) -> str:
+        return args_digest(super().to_representation(value))
 
 
 class RedactedJSONField(serializers.JSONField):

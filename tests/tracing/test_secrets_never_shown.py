@@ -29,7 +29,7 @@ from runs.tools import registry
 from tests.conftest import BASE_DIR
 from tests.tracing.test_spans import exported
 from tracing.models import RunEvent, Span, SpanPayload
-from tracing.redaction import RedactingLogFilter
+from tracing.redaction import RedactingLogFilter, args_digest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -211,7 +211,10 @@ def test_secrets_in_tool_calls_reach_no_reader_and_the_tool_still_gets_them(
     approval = json.loads(waiting[f"/api/v1/approvals/?run={run.id}"])["results"][0]
     assert approval["args"] == shown_call["args"]
     assert approval["tool"] == "call_partner_api"
-    assert approval["args_sha256"] == stored.args_sha256
+    # The hash is keyed: with every other argument in view, a plain sha256 would
+    # let a reader test guesses of the password offline.
+    assert approval["args_sha256"] == args_digest(stored.args_sha256)
+    assert not [p for p, t in waiting.items() if stored.args_sha256 in t]
 
     # An approver edits one argument of what was shown; the hidden ones stand.
     edited = {**approval["args"], "url": "https://partner.example/v2/orders"}
@@ -281,6 +284,11 @@ def test_secrets_in_tool_calls_reach_no_reader_and_the_tool_still_gets_them(
     ]
     assert decisions[0]["after"]["reason"] == "checked with [REDACTED]"
     _assert_no_secret({"audit": audit.content.decode()})
+    assert stored.args_sha256 not in audit.content.decode()
+    requested = [
+        e for e in audit.json()["results"] if e["action"] == "approval.request"
+    ]
+    assert requested[0]["after"]["args_sha256"] == approval["args_sha256"]
     # Nor are they in the stored events and spans (rows written for readers).
     _assert_no_secret(
         {
