@@ -18,6 +18,7 @@ from approvals import rules, selectors, services
 from approvals.models import ApprovalRequest, TenantApprovalSettings
 from controlplane.models import Role
 from controlplane.tenancy import IsTenantMember, role_required, tenant_of
+from tracing.redaction import ArgsDigestField, RedactedCharField, RedactedJSONField
 
 
 def _remote_addr(request: Request) -> str | None:
@@ -35,8 +36,8 @@ def _reject_unknown_fields(request: Request, allowed: set[str]) -> None:
 class DecisionSerializer(serializers.Serializer[Any]):
     user = serializers.CharField(source="user.username", allow_null=True)
     decision = serializers.CharField()
-    reason = serializers.CharField()
-    args_sha256 = serializers.CharField()
+    reason = RedactedCharField()
+    args_sha256 = ArgsDigestField()
     created_at = serializers.DateTimeField()
 
 
@@ -47,21 +48,25 @@ class ApprovalSerializer(serializers.Serializer[Any]):
     summary = serializers.SerializerMethodField()
     # For a budget extension: scope, dimension, name, amount, limit, used, wanted,
     # stop_reason, detail, period, bucket_start; null for a tool call.
-    extension = serializers.JSONField(allow_null=True)
+    extension = RedactedJSONField(allow_null=True)
     run = serializers.UUIDField(source="run_id")
     run_status = serializers.CharField(source="run.status")
     tool_call_id = serializers.CharField(
         source="tool_call.call_id", allow_null=True, default=None
     )
     tool = serializers.CharField(source="tool_name")
-    args = serializers.JSONField(source="args_snapshot")
-    args_sha256 = serializers.CharField()
-    original_args = serializers.JSONField()
+    # Redacted: the snapshot keeps what the tool executes with. An approver who
+    # edits sends the shown values back and the service restores what they hide.
+    args = RedactedJSONField(source="args_snapshot")
+    # Keyed: the plain sha256 of arguments with one value hidden would let a
+    # reader test guesses of that value.
+    args_sha256 = ArgsDigestField()
+    original_args = RedactedJSONField()
     args_edited_by = serializers.CharField(
         source="args_edited_by.username", allow_null=True, default=None
     )
     rule = serializers.CharField()
-    rule_reason = serializers.CharField()
+    rule_reason = RedactedCharField()
     approver_roles = serializers.JSONField()
     approvals_required = serializers.IntegerField()
     status = serializers.CharField()
@@ -72,7 +77,7 @@ class ApprovalSerializer(serializers.Serializer[Any]):
         source="decided_by.username", allow_null=True, default=None
     )
     decided_at = serializers.DateTimeField(allow_null=True)
-    reason = serializers.CharField()
+    reason = RedactedCharField()
     decisions = DecisionSerializer(many=True, source="decisions.all")
 
     def get_summary(self, approval: ApprovalRequest) -> str:
@@ -333,8 +338,8 @@ class AuditEventSerializer(serializers.Serializer[Any]):
     action = serializers.CharField()
     object_type = serializers.CharField()
     object_id = serializers.CharField()
-    before = serializers.JSONField()
-    after = serializers.JSONField()
+    before = RedactedJSONField()
+    after = RedactedJSONField()
     remote_addr = serializers.CharField(allow_null=True)
     created_at = serializers.DateTimeField()
 

@@ -32,6 +32,7 @@ from controlplane.models import Membership, Role
 from controlplane.services import audit_record
 from runs.engine.actions import ToolCall as EngineToolCall
 from runs.models import Run, ToolCall
+from tracing.redaction import args_digest, unredact
 
 
 class AlreadyDecided(Exception):
@@ -159,7 +160,7 @@ def _audit_view(request: ApprovalRequest) -> dict[str, Any]:
         "status": request.status,
         "run": str(request.run_id),
         "tool": request.tool_name,
-        "args_sha256": request.args_sha256,
+        "args_sha256": args_digest(request.args_sha256),  # as the API shows it
         "rule": request.rule,
     }
     if request.extension is not None:
@@ -296,6 +297,9 @@ def _decide(
         return AlreadyDecided(locked, "the approval expired before this decision")
     before = _audit_view(locked)
     if args is not None:
+        # Readers see the arguments redacted: a value sent back as it was shown
+        # stands for the original it hides, so an edit keeps the real secrets.
+        args = unredact(args, locked.args_snapshot)
         new_args, new_sha = _validated_edit(locked, args)
         if new_sha != locked.args_sha256:
             policy_changes = _policy_for_edit(locked, new_args)

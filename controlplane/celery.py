@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import logging.config
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_process_init
+from celery.signals import (
+    setup_logging,
+    task_postrun,
+    task_prerun,
+    worker_process_init,
+)
+from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 app = Celery("controlplane")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@setup_logging.connect
+def _log_through_django_logging(**_: object) -> None:
+    # Workers and beat log through the project's LOGGING, whose handlers redact
+    # every record; without a receiver here Celery replaces the root handlers
+    # with its own, unfiltered ones.
+    logging.config.dictConfig(settings.LOGGING)
 
 
 @task_prerun.connect

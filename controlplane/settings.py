@@ -284,7 +284,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Every record is redacted (tracing/redaction.py) before any handler writes it.
+    "filters": {"redact": {"()": "tracing.redaction.RedactingLogFilter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["redact"],
+        }
+    },
     "root": {
         "handlers": ["console"],
         "level": env.string("LOG_LEVEL", "INFO", help="Root log level."),
@@ -381,8 +389,8 @@ TRACING_REDACT_KEYS = env.items(
     "TRACING_REDACT_KEYS",
     "password,passwd,secret,client_secret,api_key,apikey,x-api-key,authorization,"
     "cookie,set-cookie,token,access_token,refresh_token,private_key",
-    help="Attribute/argument keys whose values are replaced by [REDACTED] before "
-    "a span is stored, streamed or exported.",
+    help="Keys whose values become [REDACTED] wherever a person, a log or an "
+    "exporter reads them (spans, events, API responses, audit, logs).",
 )
 TRACING_PAYLOAD_MAX_BYTES = env.integer(
     "TRACING_PAYLOAD_MAX_BYTES",

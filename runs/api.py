@@ -18,16 +18,18 @@ from controlplane.tenancy import tenant_of
 from runs import selectors, services
 from runs.engine.evaluator import verdict_of
 from runs.models import Run
+from tracing.redaction import RedactedCharField, RedactedJSONField
 
 
 class ToolCallSerializer(serializers.Serializer[Any]):
     call_id = serializers.CharField()
     tool_name = serializers.CharField()
-    args = serializers.JSONField()
+    # The row keeps what the tool executes with; a reader sees it redacted.
+    args = RedactedJSONField()
     status = serializers.CharField()
     effect = serializers.CharField()
     attempts = serializers.IntegerField()
-    result = serializers.JSONField()
+    result = RedactedJSONField()
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
 
@@ -41,7 +43,7 @@ class StepSerializer(serializers.Serializer[Any]):
     input_tokens = serializers.IntegerField()
     output_tokens = serializers.IntegerField()
     cost = serializers.DecimalField(max_digits=14, decimal_places=6)
-    action = serializers.JSONField()
+    action = RedactedJSONField()
     tool_calls = ToolCallSerializer(many=True)
 
 
@@ -50,10 +52,10 @@ class RunSerializer(serializers.Serializer[Any]):
     agent = serializers.CharField(source="agent.slug")
     status = serializers.CharField()
     stop_reason = serializers.CharField()
-    stop_detail = serializers.CharField()
-    input = serializers.CharField()
-    final_answer = serializers.CharField()
-    evaluation = serializers.JSONField()
+    stop_detail = RedactedCharField()
+    input = RedactedCharField()
+    final_answer = RedactedCharField()
+    evaluation = RedactedJSONField()
     limits = serializers.JSONField()
     steps = serializers.IntegerField()
     tool_calls = serializers.IntegerField()

@@ -1,15 +1,39 @@
-"""Redaction applied before a span or event is written, streamed or exported."""
+"""The one redaction rule: what a person, a log or an exporter may read.
+
+A value is hidden when its key is listed in `TRACING_REDACT_KEYS` (the whole key
+or its last dotted component, case-insensitive), and a substring is hidden when
+it looks like a credential (`sk-…`, `cp_…`, AWS key ids, `Bearer …`, JWTs, PEM
+private keys, a URL's password, …) or follows a listed key in text
+(`"password": "…"`, `api_key=…`). Strings that hold JSON are decoded and
+redacted by key as well, so serialized tool arguments and a model's
+`function.arguments` get the same rule as a dict, at any depth.
+
+Spans, their payloads and run events are redacted before they are written,
+streamed or exported; rows that keep raw values because a tool must execute
+with them (tool calls, steps, approvals, the engine state) are redacted when an
+API serializes them; the logging filter redacts every record.
+"""
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
+import json
+import logging
 import re
+import traceback
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
+from rest_framework import serializers
 
 REDACTED = "[REDACTED]"
+
+# Deeper than this a value is not inspected but hidden whole: walking it could
+# exhaust the stack, and no argument a person needs to read is that deep.
+_MAX_DEPTH = 100
 
 # Values that look like credentials, wherever they appear inside a string.
 _CREDENTIAL_PATTERNS = [
@@ -30,10 +54,17 @@ _CREDENTIALS = re.compile("|".join(f"(?:{p})" for p in _CREDENTIAL_PATTERNS))
 _URL_PASSWORD = re.compile(
     r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.\-]{0,30}://[^/\s:@]{1,256}:)[^@\s/]{1,256}@"
 )
+_DEFAULT_KEYS = ("password", "secret", "api_key", "authorization", "token")
 
 
 def _redacted_keys() -> frozenset[str]:
-    return _keys_of(tuple(settings.TRACING_REDACT_KEYS))
+    # The logging filter may see a record before settings are configured.
+    keys = (
+        settings.TRACING_REDACT_KEYS
+        if settings.configured and hasattr(settings, "TRACING_REDACT_KEYS")
+        else _DEFAULT_KEYS
+    )
+    return _keys_of(tuple(keys))
 
 
 @functools.lru_cache(maxsize=8)
@@ -53,13 +84,35 @@ def _key_in(key: str, secret: frozenset[str]) -> bool:
     return lowered in secret or lowered.rsplit(".", 1)[-1] in secret
 
 
-def redact_text(value: str) -> str:
-    """Replace credential-looking substrings of `value`."""
+@functools.lru_cache(maxsize=8)
+def _key_value_pattern(secret: frozenset[str]) -> re.Pattern[str] | None:
+    """`<key>: value` / `<key>=value` in text, for the listed keys: the key may be
+    quoted (also JSON-escaped, `\\"password\\"`), the value quoted or bare (an
+    `Authorization` value keeps its scheme word with it)."""
+    if not secret:
+        return None
+    names = "|".join(re.escape(k) for k in sorted(secret, key=len, reverse=True))
+    return re.compile(
+        r"(?P<head>(?:\\?[\"'])?(?<![\w\-])(?:" + names + r")(?:\\?[\"'])?\s{0,8}"
+        r"[:=]\s{0,8})"
+        r"(?!\[REDACTED\])"  # already hidden by a credential pattern
+        r"(?P<value>\\\"(?:[^\"\\]|\\[^\"]){0,4096}\\\""
+        r"|\"(?:[^\"\\\n]|\\.){0,4096}\""
+        r"|'[^'\n]{0,4096}'"
+        r"|(?:(?:bearer|basic|token|digest)\s{1,8})?[^\s\"',;&}\]\\]{1,4096})",
+        re.IGNORECASE,
+    )
+
+
+def redact_text(value: str, *, keys: frozenset[str] | None = None) -> str:
+    """Replace credential-looking substrings and listed keys' values in `value`;
+    a string that holds a JSON object or array is redacted as that JSON."""
     if len(value) < 8:
         return value
+    secret = keys if keys is not None else _redacted_keys()
     if len(value) > _MEMO_MAX_CHARS:
-        return _redact_text(value)
-    return _redact_text_memo(value)
+        return _redact_text(value, secret)
+    return _redact_text_memo(value, secret)
 
 
 # A run's messages are scanned again with every model call: remember the
@@ -68,32 +121,67 @@ _MEMO_MAX_CHARS = 1024
 
 
 @functools.lru_cache(maxsize=4096)
-def _redact_text_memo(value: str) -> str:
-    return _redact_text(value)
+def _redact_text_memo(value: str, secret: frozenset[str]) -> str:
+    return _redact_text(value, secret)
 
 
-def _redact_text(value: str) -> str:
+def _redact_text(value: str, secret: frozenset[str]) -> str:
+    if value.lstrip()[:1] in ("{", "["):
+        decoded = _json_or_none(value)
+        if decoded is not None:
+            redacted = redact(decoded, keys=secret)
+            if redacted == decoded:
+                return value
+            return json.dumps(redacted, ensure_ascii=False)
     if "://" in value:
         value = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED + "@", value)
-    return _CREDENTIALS.sub(REDACTED, value)
+    value = _CREDENTIALS.sub(REDACTED, value)
+    pattern = _key_value_pattern(secret)
+    # Most text names no listed key: a substring test is far cheaper than the scan.
+    lowered = value.lower()
+    if pattern is not None and any(key in lowered for key in secret):
+        value = pattern.sub(lambda m: m.group("head") + _hidden(m["value"]), value)
+    return value
 
 
-def redact(value: Any, *, keys: frozenset[str] | None = None) -> Any:
+def _hidden(value: str) -> str:
+    """The placeholder, quoted as the value was (so JSON-ish text stays readable)."""
+    for quote in ('\\"', '"', "'"):
+        if value.startswith(quote) and value.endswith(quote) and len(value) > 1:
+            return quote + REDACTED + quote
+    return REDACTED
+
+
+def _json_or_none(text: str) -> dict[str, Any] | list[Any] | None:
+    try:
+        decoded = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return decoded if isinstance(decoded, (dict, list)) else None
+
+
+def redact(value: Any, *, keys: frozenset[str] | None = None, _depth: int = 0) -> Any:
     """Return `value` with secret keys and credential-looking strings redacted.
 
-    Walks dicts, lists and tuples; strings that hold JSON are redacted as text,
-    which covers serialized tool arguments and model messages as well.
+    Walks dicts, lists and tuples; strings are scanned, and strings that hold
+    JSON are decoded and redacted by key too.
     """
     secret = keys if keys is not None else _redacted_keys()
+    if _depth > _MAX_DEPTH:
+        return REDACTED
     if isinstance(value, str):
-        return redact_text(value)
+        return redact_text(value, keys=secret)
     if isinstance(value, Mapping):
         return {
-            k: (REDACTED if _key_in(str(k), secret) else redact(v, keys=secret))
+            k: (
+                REDACTED
+                if _key_in(str(k), secret)
+                else redact(v, keys=secret, _depth=_depth + 1)
+            )
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
-        items = [redact(v, keys=secret) for v in value]
+        items = [redact(v, keys=secret, _depth=_depth + 1) for v in value]
         return tuple(items) if isinstance(value, tuple) else items
     return value
 
@@ -105,3 +193,75 @@ def redact_attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
         key: (REDACTED if key_is_secret(key, secret) else redact(value, keys=secret))
         for key, value in (attributes or {}).items()
     }
+
+
+def unredact(edited: Any, original: Any, *, key: str | None = None) -> Any:
+    """`edited` (a reader's change to a redacted `original`) with every value it
+    sent back exactly as it was shown replaced by the original value it hides:
+    an approver may edit other arguments without knowing the secrets."""
+    secret = _redacted_keys()
+    shown = REDACTED if key is not None and _key_in(key, secret) else redact(original)
+    if edited == shown and shown != original:
+        return original
+    if isinstance(edited, Mapping) and isinstance(original, Mapping):
+        return {
+            k: unredact(v, original[k], key=str(k)) if k in original else v
+            for k, v in edited.items()
+        }
+    if (
+        isinstance(edited, list)
+        and isinstance(original, list)
+        and len(edited) == len(original)
+    ):
+        return [unredact(e, o) for e, o in zip(edited, original, strict=True)]
+    return edited
+
+
+def args_digest(sha256: str) -> str:
+    """An arguments hash as a reader sees it: keyed with the server's SECRET_KEY,
+    so it still tells argument versions apart, but a reader who sees the other
+    arguments cannot test guesses of a hidden value against it offline."""
+    key = settings.SECRET_KEY.encode()
+    return hmac.new(key, f"args:{sha256}".encode(), hashlib.sha256).hexdigest()
+
+
+class ArgsDigestField(serializers.CharField):
+    """A stored arguments sha256, shown as `args_digest`."""
+
+    def to_representation(self, value: Any) -> str:
+        return args_digest(super().to_representation(value))
+
+
+class RedactedJSONField(serializers.JSONField):
+    """A JSON value as a reader may see it (the row keeps the raw value)."""
+
+    def to_representation(self, value: Any) -> Any:
+        return redact(super().to_representation(value))
+
+
+class RedactedCharField(serializers.CharField):
+    """Free text as a reader may see it."""
+
+    def to_representation(self, value: Any) -> str:
+        return redact_text(super().to_representation(value))
+
+
+class RedactingLogFilter(logging.Filter):
+    """Redact a log record's message, exception and stack text, for every handler
+    the record reaches after this one (the record is changed in place)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string is the handler's to report
+            return True
+        record.msg = redact_text(message)
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            text = "".join(traceback.format_exception(*record.exc_info))
+            record.exc_text = redact_text(text.rstrip("\n"))
+        elif record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact_text(record.stack_info)
+        return True

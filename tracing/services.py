@@ -15,6 +15,7 @@ from controlplane.rows import rows_insert
 from runs.models import Run
 from tracing.broadcast import broadcaster
 from tracing.models import RunEvent
+from tracing.redaction import redact
 
 __all__ = [
     "SeqConflict",
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 # Events of these types also go to the tenant-wide stream (runs list, approvals
 # inbox); span events are many and only the run stream carries them.
 TENANT_EVENT_PREFIXES = ("run.", "approval.", "step.", "budget.")
+
+# Span events are built from span rows the store has already redacted.
+SPAN_EVENT_PREFIX = "span."
 
 _APPEND_ATTEMPTS = 20
 
@@ -54,9 +58,17 @@ def event_message(event: RunEvent) -> dict[str, Any]:
         "run_id": str(event.run_id),
         "seq": event.seq,
         "type": event.type,
-        "payload": event.payload,
+        "payload": _readable(event.type, event.payload),
         "created_at": event.created_at.isoformat(),
     }
+
+
+def _readable(type: str, payload: Any) -> Any:
+    """The payload redacted. A span event is made from the span's stored (already
+    redacted) row, the hot path of a live trace; the few other events (approvals,
+    budgets) are redacted again when read, which also covers rows logged before
+    the rule caught what they hold."""
+    return payload if type.startswith(SPAN_EVENT_PREFIX) else redact(payload)
 
 
 _committed_seq: dict[Any, int] = {}
@@ -92,6 +104,7 @@ def run_events_append(
     to keep the caller's transaction); the loser removes what it inserted and
     takes the next numbers.
     """
+    readable = [(type, _readable(type, payload)) for type, payload in events]
     # The last committed seq seen by this process saves the MAX query when this
     # process is the run's only writer (the lease holder); it is only ever
     # behind the database, so a stale value costs one conflict and a re-read.
@@ -105,7 +118,7 @@ def run_events_append(
                 run_id=run.pk, seq=last + offset, type=type, payload=payload,
                 created_at=now,
             )
-            for offset, (type, payload) in enumerate(events, start=1)
+            for offset, (type, payload) in enumerate(readable, start=1)
         ]  # fmt: skip
         pks = rows_insert(
             RunEvent,
