@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+# Imported with the worker (before its pool forks), not in a run's first step:
+# the SDK takes seconds to import, CPU the step's lease renewal needs too.
+import runs.engine.adapters.openai_compatible  # noqa: F401
 from runs.engine.adapters import ModelAdapter, build_model_adapter
 from runs.engine.budget import BudgetLimits
 from runs.engine.evaluator import Evaluator
@@ -82,6 +85,7 @@ def model_adapter_for(agent: Agent, *, replies_consumed: int) -> ModelAdapter:
         script_position=replies_consumed,
         api_key=api_key,
         base_url=agent.base_url or None,
+        deadline_seconds=settings.RUN_MODEL_DEADLINE_SECONDS,
     )
 
 

@@ -95,6 +95,7 @@ from runs.failpoints import failpoint
 from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
+from runs.services.lease_renewal import lease_renewer
 from runs.services.lifecycle import (
     LeaseLost,
     RunSave,
@@ -213,9 +214,12 @@ def run_advance(
         started=time.monotonic(),
         base_wall_seconds=state.usage.wall_seconds,
     )
+    # The lease is renewed while the step runs: a model or tool call may outlast
+    # it, and recovery must not start the same step elsewhere meanwhile.
+    records = ExitStack()
+    records.enter_context(lease_renewer.kept(run))
     # The step span (it ends the run's root span when the run is over), its
     # children's records batched into a few commits.
-    records = ExitStack()
     batch = records.enter_context(span_batch())
     spans = ExitStack()
     spans.enter_context(
