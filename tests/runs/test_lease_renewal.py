@@ -169,3 +169,40 @@ def test_a_model_call_longer_than_the_lease_is_made_once_while_recovery_sweeps(
         "succeeded",
         1,
     )
+
+
+def test_the_openai_adapter_of_a_run_gets_the_configured_deadline(
+    shop, settings, monkeypatch
+):
+    from runs.runtime import model_adapter_for
+
+    settings.RUN_MODEL_DEADLINE_SECONDS = 42.0
+    monkeypatch.setenv("REMOTE_MODEL_KEY", "sk-test-not-a-secret")
+    agent = Agent.objects.create(
+        tenant=shop, slug="remote", name="Remote", model_adapter="openai",
+        model=MODEL, base_url="http://127.0.0.1:9/v1", api_key_env="REMOTE_MODEL_KEY",
+    )  # fmt: skip
+    adapter = model_adapter_for(agent, replies_consumed=0)
+    assert getattr(adapter, "deadline_seconds", None) == 42.0
+
+
+def test_a_renewal_never_extends_a_lease_another_worker_holds(shop, scripted_agent):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from runs.services.lease_renewal import lease_renew
+
+    scripted_agent([{"text": "hi"}], [])
+    run = run_start(tenant=shop, agent_slug="scripted", input="x", started_by=None)
+    expires = timezone.now() + dt.timedelta(seconds=5)
+    Run.objects.filter(id=run.id).update(
+        status=Run.Status.RUNNING, lease_owner="other-task", lease_expires_at=expires
+    )
+    assert lease_renew(run_id=run.id, owner="this-task") is False
+    assert lease_renew(run_id=run.id, owner="") is False
+    run.refresh_from_db()
+    assert (run.lease_owner, run.lease_expires_at) == ("other-task", expires)
+    assert lease_renew(run_id=run.id, owner="other-task") is True
+    run.refresh_from_db()
+    assert run.lease_owner == "other-task" and run.lease_expires_at > expires
