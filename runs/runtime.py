@@ -9,9 +9,6 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-# Imported with the worker (before its pool forks), not in a run's first step:
-# the SDK takes seconds to import, CPU the step's lease renewal needs too.
-import runs.engine.adapters.openai_compatible  # noqa: F401
 from runs.engine.adapters import ModelAdapter, build_model_adapter
 from runs.engine.budget import BudgetLimits
 from runs.engine.evaluator import Evaluator
