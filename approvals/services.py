@@ -22,12 +22,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from approvals.models import (
+    DEFAULT_APPROVER_ROLES,
     ApprovalDecision,
     ApprovalPolicyRule,
     ApprovalRequest,
     TenantApprovalSettings,
 )
-from approvals.policy import RULE_PREFIX
+from approvals.policy import APPROVER_ROLE_CHOICES, RULE_PREFIX
 from controlplane.models import Membership, Role
 from controlplane.services import audit_record
 from runs.engine.actions import ToolCall as EngineToolCall
@@ -584,6 +585,59 @@ def approval_outcome_for(*, tool_call: ToolCall) -> ApprovalOutcome:
     if request.args_sha256 != tool_call.args_sha256 or current != request.args_sha256:
         return ApprovalOutcome(False, False, "the arguments changed after approval")
     return ApprovalOutcome(pending=False, approved=True)
+
+
+def approval_covers_problem(
+    *, tool_call: ToolCall, decision: dict[str, Any]
+) -> str | None:
+    """Why the call's approval does not meet what the policy asks now, or None.
+
+    On resume the policy may name another rule than the one that asked (a rule
+    added or edited meanwhile): the votes on the current arguments must satisfy
+    that rule as it is now (its approver roles and count, whether the run's
+    starter may approve), counted with each voter's role as it is now.
+    """
+    request = (
+        ApprovalRequest.objects.filter(tool_call=tool_call)
+        .select_related("run")
+        .first()
+    )
+    if request is None:
+        return "no approval found"
+    name = str(decision.get("rule", ""))
+    rule = _rule_of(decision)
+    if rule is not None:
+        label = f"rule {rule.name}"
+        roles = list(rule.approver_roles)
+        required, starter_may = rule.approvals_required, rule.starter_may_approve
+    elif name.startswith(RULE_PREFIX):  # deleted between the decision and now
+        return "the rule that decides this call no longer exists"
+    else:
+        label = "the default rule"
+        roles, required, starter_may = list(DEFAULT_APPROVER_ROLES), 1, True
+    allowed = [role for role in roles if role in APPROVER_ROLE_CHOICES]
+    voters = list(
+        request.decisions.filter(
+            decision="approve",
+            args_sha256=request.args_sha256,
+            user__is_active=True,
+            user__memberships__tenant_id=request.tenant_id,
+            user__memberships__role__in=allowed,
+        )
+        .values_list("user_id", flat=True)
+        .distinct()
+    )
+    counted = [
+        user for user in voters if starter_may or user != request.run.started_by_id
+    ]
+    if len(counted) >= required:
+        return None
+    starter = "" if starter_may else " other than the run's starter"
+    return (
+        f"{label} now needs {required} approval(s) from role "
+        f"{' or '.join(allowed) or '(none)'}{starter}, and this call has "
+        f"{len(counted)}"
+    )
 
 
 def approval_edit_note(*, tool_call: ToolCall) -> str | None:

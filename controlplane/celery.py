@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging.config
 import os
 
@@ -10,6 +11,7 @@ from celery.signals import (
     setup_logging,
     task_postrun,
     task_prerun,
+    worker_init,
     worker_process_init,
 )
 from django.conf import settings
@@ -47,3 +49,11 @@ def _configure_tracing_after_fork(**_: object) -> None:
     from tracing.setup import configure_tracing
 
     configure_tracing(force=True)
+
+
+@worker_init.connect
+def _import_the_model_sdk_before_the_fork(**_: object) -> None:
+    # Once, in the worker's main process: a run's first step in a pool process
+    # would otherwise spend seconds importing the SDK, during which its lease
+    # renewal thread hardly ran (a short lease ran out under it).
+    importlib.import_module("runs.engine.adapters.openai_compatible")

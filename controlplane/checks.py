@@ -59,3 +59,20 @@ def redis_reachable(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
             id="controlplane.W003",
         )
     ]
+
+
+@register()
+def model_deadline_inside_lease(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
+    deadline, lease = settings.RUN_MODEL_DEADLINE_SECONDS, settings.RUN_LEASE_SECONDS
+    if deadline < lease:
+        return []
+    return [
+        Warning(
+            f"RUN_MODEL_DEADLINE_SECONDS ({deadline:g}) is not below "
+            f"RUN_LEASE_SECONDS ({lease:g}).",
+            hint="A worker renews its lease while a model call runs; if its "
+            "renewals fail, a call that outlasts the lease may be asked again by "
+            "another worker. Lower the deadline or raise the lease.",
+            id="controlplane.W004",
+        )
+    ]

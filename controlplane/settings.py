@@ -330,9 +330,20 @@ RUN_LEASE_SECONDS = env.number(
     minimum=0.5,
     help="How long a worker's lease on a run lasts before recovery may take it over.",
 )
+RUN_MODEL_DEADLINE_SECONDS = env.number(
+    "RUN_MODEL_DEADLINE_SECONDS",
+    100.0,
+    minimum=1,
+    help="Longest one model call may take, all retries and backoffs included "
+    "(keep it below RUN_LEASE_SECONDS).",
+)
 # The tenant's approval rules (approvals app); fail-safe: a raising hook denies.
 RUN_POLICY_HOOK = "approvals.policy.tenant_policy"
-CELERY_TASK_TIME_LIMIT = int(RUN_LEASE_SECONDS) + 60
+# The last resort against a step that never ends (SIGKILL, then redelivery). A
+# step's model call ends within RUN_MODEL_DEADLINE_SECONDS (its lease is renewed
+# meanwhile); the minute beyond the larger of that and the lease is for the
+# step's tool calls and writes.
+CELERY_TASK_TIME_LIMIT = int(max(RUN_LEASE_SECONDS, RUN_MODEL_DEADLINE_SECONDS)) + 60
 CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
     "task": "runs.tasks.recover_stalled_runs_task",
     "schedule": 15.0,

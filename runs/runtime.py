@@ -82,6 +82,7 @@ def model_adapter_for(agent: Agent, *, replies_consumed: int) -> ModelAdapter:
         script_position=replies_consumed,
         api_key=api_key,
         base_url=agent.base_url or None,
+        deadline_seconds=settings.RUN_MODEL_DEADLINE_SECONDS,
     )
 
 

@@ -10,6 +10,7 @@ which calls may have taken effect.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -22,6 +23,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.policy import RULES_READ, policy_rules_select, tenant_policy
+from approvals.services import (
+    approval_covers_problem,
+    approval_edit_note,
+    approval_outcome_for,
+)
 from controlplane.budget_ledger import BudgetRefusal
 from controlplane.budget_services import (
     ExtensionAsk,
@@ -58,11 +64,12 @@ from runs.engine.budget import (
     check_before_tool_call,
     estimate_input_tokens,
 )
-from runs.engine.envelope import ToolResult
+from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.evaluator import EvaluationSubject, run_evaluator
 from runs.engine.loop import EngineState
 from runs.engine.policy import PolicyContext
 from runs.engine.step import (
+    CallGate,
     GateVerdict,
     ModelCallPlan,
     approval_denied_result,
@@ -88,6 +95,7 @@ from runs.failpoints import failpoint
 from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
+from runs.services.lease_renewal import lease_renewer
 from runs.services.lifecycle import (
     LeaseLost,
     RunSave,
@@ -206,9 +214,12 @@ def run_advance(
         started=time.monotonic(),
         base_wall_seconds=state.usage.wall_seconds,
     )
+    # The lease is renewed while the step runs: a model or tool call may outlast
+    # it, and recovery must not start the same step elsewhere meanwhile.
+    records = ExitStack()
+    records.enter_context(lease_renewer.kept(run))
     # The step span (it ends the run's root span when the run is over), its
     # children's records batched into a few commits.
-    records = ExitStack()
     batch = records.enter_context(span_batch())
     spans = ExitStack()
     # Open calls of the last assistant turn: this task finishes that step.
@@ -384,7 +395,8 @@ def _run_calls(
     rows = {row.call_id: row for row in (known or step.tool_calls.all())}
     for call in calls:
         row = rows[call.call_id]
-        gated = row.status == ToolCallRow.Status.PENDING
+        # An approved call passes the gate again on resume: it reads the rules too.
+        gated = row.status in UNFINISHED_CALL_STATUSES
         rules = _read_before_call(ctx, policy_rules=gated)
         if row.status in FINAL_CALL_STATUSES and row.result is not None:
             # Its result was stored but the transcript was not: replay, never re-run.
@@ -398,7 +410,7 @@ def _run_calls(
             ToolCallRow.Status.APPROVED,
         ):
             approval_span_settle(ctx.run, tool_call=row)
-            _resume_after_approval(ctx, row, call)
+            _resume_after_approval(ctx, row, call, rules)
             continue
         _gate_and_run(ctx, row, call, rules)
     return list(rows.values())
@@ -407,18 +419,7 @@ def _run_calls(
 def _gate_and_run(
     ctx: StepContext, row: ToolCallRow, call: ToolCall, rules: list[Any] | None
 ) -> None:
-    runtime = ctx.runtime
-    gate = gate_tool_call(
-        call,
-        runtime.registry,
-        runtime.policy,
-        PolicyContext(
-            run_id=str(ctx.run.id),
-            tenant_id=str(ctx.run.tenant_id),
-            agent_name=ctx.run.agent.slug,
-            attributes={} if rules is None else {RULES_READ: rules},
-        ),
-    )
+    gate = _gate(ctx, call, rules)
     if gate.verdict is GateVerdict.REFUSE:
         assert gate.result is not None
         _record(ctx, row, call, gate.result, ToolCallRow.Status.REFUSED)
@@ -433,6 +434,22 @@ def _gate_and_run(
         approval_span_open(ctx.run, tool_call=row, decision=gate.decision.to_dict())
         _wait_for_approval(ctx, row, call, gate.decision.to_dict())
     _execute(ctx, row, call)
+
+
+def _gate(ctx: StepContext, call: ToolCall, rules: list[Any] | None) -> CallGate:
+    """Lookup, validation and the tenant's policy (with `rules` if read already)."""
+    runtime = ctx.runtime
+    return gate_tool_call(
+        call,
+        runtime.registry,
+        runtime.policy,
+        PolicyContext(
+            run_id=str(ctx.run.id),
+            tenant_id=str(ctx.run.tenant_id),
+            agent_name=ctx.run.agent.slug,
+            attributes={} if rules is None else {RULES_READ: rules},
+        ),
+    )
 
 
 def _wait_for_approval(
@@ -452,12 +469,9 @@ def _wait_for_approval(
     raise StepEnded("waiting")
 
 
-def _resume_after_approval(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
-    import json
-
-    from approvals.services import approval_edit_note, approval_outcome_for
-    from runs.engine.envelope import ErrorCode
-
+def _resume_after_approval(
+    ctx: StepContext, row: ToolCallRow, call: ToolCall, rules: list[Any] | None
+) -> None:
     outcome = approval_outcome_for(tool_call=row)
     if outcome.pending:
         with transaction.atomic():
@@ -473,12 +487,11 @@ def _resume_after_approval(ctx: StepContext, row: ToolCallRow, call: ToolCall) -
     # edited them), not the model's proposal in the transcript.
     row.refresh_from_db()
     approved = ToolCall.parse(call.call_id, call.name, json.dumps(row.args))
-    unmet = _approved_call_precondition(ctx, approved)
-    if unmet is not None:
+    why = _approved_call_gate(ctx, row, approved, rules)
+    if why is not None:
         result = ToolResult.failure(
             ErrorCode.EPERM,
-            f"{call.name} was approved but not executed: on resume its precondition "
-            f"no longer holds: {unmet}",
+            f"{call.name} was approved but not executed: on resume {why}",
             suggested_action="check_the_current_state_first",
         )
         _record(ctx, row, call, result, ToolCallRow.Status.DENIED)
@@ -488,6 +501,29 @@ def _resume_after_approval(ctx: StepContext, row: ToolCallRow, call: ToolCall) -
     _execute(ctx, row, approved)
     if note is not None:
         _note_on_observation(ctx, row, call, note)
+
+
+def _approved_call_gate(
+    ctx: StepContext, row: ToolCallRow, call: ToolCall, rules: list[Any] | None
+) -> str | None:
+    """The whole gate again, on the tenant's policy and the world as they are now;
+    why the approved call may not run, or None. An approval covers what its voters
+    were asked, not a rule added or a state changed while the call waited."""
+    gate = _gate(ctx, call, rules)
+    if gate.verdict in (GateVerdict.REFUSE, GateVerdict.DENY):
+        assert gate.result is not None and gate.result.error is not None
+        return gate.result.error.message
+    if gate.verdict is GateVerdict.NEEDS_APPROVAL:
+        assert gate.decision is not None
+        problem = approval_covers_problem(
+            tool_call=row, decision=gate.decision.to_dict()
+        )
+        if problem is not None:
+            return f"the tenant's policy asks for a new approval: {problem}"
+    unmet = _approved_call_precondition(ctx, call)
+    if unmet is not None:
+        return f"its precondition no longer holds: {unmet}"
+    return None
 
 
 def _approved_call_precondition(ctx: StepContext, call: ToolCall) -> str | None:

@@ -32,8 +32,15 @@ def recover_stalled_runs() -> int:
     recovered = 0
     for run_id, version in candidates:
         with transaction.atomic():
-            won = Run.objects.filter(id=run_id, version=version).update(
-                lease_owner="", lease_expires_at=None, version=version + 1
+            # A lease renewed since it was read is alive: its step still runs.
+            won = (
+                Run.objects.filter(id=run_id, version=version)
+                .filter(
+                    Q(lease_owner="")
+                    | Q(lease_expires_at__isnull=True)
+                    | Q(lease_expires_at__lt=now)
+                )
+                .update(lease_owner="", lease_expires_at=None, version=version + 1)
             )
             if won:
                 run = Run.objects.get(id=run_id)

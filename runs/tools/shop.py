@@ -109,6 +109,27 @@ def create_replacement(arguments: dict[str, Any], ctx: ToolContext) -> dict[str,
     }
 
 
+def replacement_precondition(
+    arguments: Mapping[str, Any], ctx: ToolContext
+) -> str | None:
+    order = ShopOrder.objects.filter(
+        tenant_id=ctx.tenant_id, order_id=arguments.get("order_id")
+    ).first()
+    if order is None:
+        return f"there is no order {arguments.get('order_id')}"
+    refunded = _refunded(order)
+    if refunded >= order.amount:
+        return (
+            f"order {order.order_id} was refunded in full ({refunded} of "
+            f"{order.amount}); a refunded order gets no replacement"
+        )
+    return None
+
+
+def _refunded(order: ShopOrder) -> Decimal:
+    return sum((r.amount for r in Refund.objects.filter(order=order)), Decimal(0))
+
+
 def refund_precondition(arguments: Mapping[str, Any], ctx: ToolContext) -> str | None:
     order = ShopOrder.objects.filter(
         tenant_id=ctx.tenant_id, order_id=arguments.get("order_id")
@@ -119,7 +140,7 @@ def refund_precondition(arguments: Mapping[str, Any], ctx: ToolContext) -> str |
         amount = Decimal(str(arguments["amount"]))
     except (InvalidOperation, KeyError):
         return "amount must be a number"
-    already = sum((r.amount for r in Refund.objects.filter(order=order)), Decimal(0))
+    already = _refunded(order)
     if amount + already > order.amount:
         return (
             f"refunds may not exceed the order amount {order.amount} "
@@ -181,11 +202,12 @@ SHOP_TOOLS = [
                 },
                 "required": ["order_id", "reason"],
             },
-            preconditions=("the order exists",),
+            preconditions=("the order exists", "the order was not refunded in full"),
             effect=Effect.IDEMPOTENT_WRITE,
             idempotency=Idempotency.REQUIRED_KEY,
         ),
         create_replacement,
+        check_preconditions=replacement_precondition,
         timeout_seconds=None,
     ),
     Tool(

@@ -380,3 +380,36 @@ def test_an_edit_cannot_escape_a_stricter_rule(
     assert approval.status == "approved"
     drive(run)
     assert list(Refund.objects.values_list("amount", flat=True)) == [Decimal("80")]
+
+
+def test_a_stricter_rule_added_while_waiting_asks_again_and_the_call_does_not_run(
+    tenant, waiting_run, operator_user, admin_user
+):
+    run, approval = waiting_run(script_of(call("refund", REFUND_ARGS)))
+    ApprovalPolicyRule.objects.create(
+        tenant=tenant, name="admins refund", tool="refund",
+        action="require_approval", approver_roles=["admin"],
+    )  # fmt: skip
+    approval_decide(request=approval, decided_by=operator_user, approve=True)
+    run = drive(run)
+    assert Refund.objects.count() == 0
+    row = ToolCall.objects.get(run=run)
+    assert (row.status, row.attempts) == ("denied", 0)
+    content = row.observation["content"]
+    assert "the tenant's policy asks for a new approval" in content
+    assert "rule admins refund now needs 1 approval(s) from role admin" in content
+    assert run.status == Run.Status.UNVERIFIED  # the model heard why and went on
+
+
+def test_an_approval_that_meets_the_rule_that_decides_now_still_runs(
+    tenant, waiting_run, operator_user
+):
+    run, approval = waiting_run(script_of(call("refund", REFUND_ARGS)))
+    ApprovalPolicyRule.objects.create(
+        tenant=tenant, name="refunds need a human", tool="refund",
+        action="require_approval",
+    )  # fmt: skip
+    approval_decide(request=approval, decided_by=operator_user, approve=True)
+    run = drive(run)
+    assert list(Refund.objects.values_list("amount", flat=True)) == [Decimal("50")]
+    assert ToolCall.objects.get(run=run).status == "succeeded"

@@ -170,3 +170,86 @@ def test_200_waiting_runs_resume_after_workers_restart_and_nothing_runs_twice(
     assert list(ToolCall.objects.values_list("status", "attempts").distinct()) == [
         ("succeeded", 1)
     ]
+
+
+def tool_message(run: Run, call_id: str) -> str:
+    """What the model was given as the result of `call_id`."""
+    return next(
+        str(m["content"])
+        for m in run.engine_state["messages"]
+        if m.get("role") == "tool" and m.get("tool_call_id") == call_id
+    )
+
+
+def test_a_deny_rule_added_while_a_refund_waits_stops_it_after_approval(
+    tenant, waiting_run, admin_user, operator_user, api_client_for, tmp_path
+):
+    run, approval = waiting_run(script_of(call("refund", REFUND_ARGS)))
+    admin = api_client_for(admin_user, tenant)
+    created = admin.post(
+        "/api/v1/approval-rules/",
+        {"name": "no refunds this week", "tool": "refund", "action": "deny"},
+        format="json",
+    )
+    assert created.status_code == 201, created.json()
+    decided = api_client_for(operator_user, tenant).post(
+        f"/api/v1/approvals/{approval.id}/decide/",
+        {"decision": "approve"},
+        format="json",
+    )
+    assert decided.status_code == 200, decided.json()
+    worker = start_worker(tmp_path)
+    try:
+        run = wait_until(lambda: settled(run))
+    finally:
+        worker.stop()
+    assert Refund.objects.count() == 0
+    row = ToolCall.objects.get(run=run)
+    assert (row.status, row.attempts, row.started_at) == ("denied", 0, None)
+    assert row.result["error"]["code"] == "EPERM"
+    said = tool_message(run, "call_refund")
+    assert "refund was approved but not executed" in said
+    assert "denied by no refunds this week" in said
+    assert said in row.observation["content"]
+    # The run went on: the model was asked again, with that observation.
+    assert run.steps == 2 and run.status == Run.Status.UNVERIFIED, run.stop_detail
+
+
+def test_a_replacement_approved_after_a_full_refund_is_not_shipped(
+    tenant, demo_agent, operator_user, api_client_for, tmp_path
+):
+    from decimal import Decimal
+
+    from runs.tools.shop_models import ShopOrder
+    from tests.runs.conftest import drive
+
+    run = run_start(
+        tenant=tenant, agent_slug=demo_agent.slug, input="help", started_by=None
+    )
+    run = drive(run)
+    assert run.status == Run.Status.WAITING_APPROVAL, run.stop_detail
+    approval = ApprovalRequest.objects.get(run=run, status="pending")
+    assert approval.tool_name == "create_replacement"
+    order = ShopOrder.objects.get(tenant=tenant, order_id="4821")
+    Refund.objects.create(order=order, amount=order.amount, reason="by phone")
+    decided = api_client_for(operator_user, tenant).post(
+        f"/api/v1/approvals/{approval.id}/decide/",
+        {"decision": "approve"},
+        format="json",
+    )
+    assert decided.status_code == 200, decided.json()
+    worker = start_worker(tmp_path)
+    try:
+        run = wait_until(lambda: settled(run))
+    finally:
+        worker.stop()
+    assert Replacement.objects.count() == 0
+    assert list(Refund.objects.values_list("amount", flat=True)) == [Decimal("89.00")]
+    row = ToolCall.objects.get(run=run, call_id="call_replace")
+    assert (row.status, row.attempts, row.started_at) == ("denied", 0, None)
+    said = tool_message(run, "call_replace")
+    assert "its precondition no longer holds" in said
+    assert "refunded in full" in said
+    # The evaluator checks the shop, not the model's word: no false success.
+    assert run.status == Run.Status.FAILED, (run.status, run.stop_detail)
+    assert "found 0" in run.evaluation["reason"]

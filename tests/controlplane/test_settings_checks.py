@@ -72,3 +72,31 @@ def test_prepared_statements_are_on_for_postgresql_unless_turned_off(monkeypatch
     assert settings._database(url)["OPTIONS"]["prepare_threshold"] is None
     sqlite = settings._database("sqlite:////tmp/x.sqlite3")["OPTIONS"]
     assert "prepare_threshold" not in sqlite
+
+
+def test_a_model_deadline_not_below_the_lease_is_a_warning_with_a_hint():
+    result = run_check(RUN_LEASE_SECONDS="30", RUN_MODEL_DEADLINE_SECONDS="45")
+    assert result.returncode == 0, result.stderr
+    assert "controlplane.W004" in result.stderr
+    assert "RUN_MODEL_DEADLINE_SECONDS (45) is not below RUN_LEASE_SECONDS (30)" in (
+        result.stderr
+    )
+    assert "HINT: A worker renews its lease" in result.stderr
+
+
+def test_the_task_hard_time_limit_leaves_a_minute_beyond_the_model_deadline():
+    def limits(**overrides: str) -> list[float]:
+        environ = {k: v for k, v in os.environ.items() if k not in overrides}
+        environ.update(overrides, DJANGO_SETTINGS_MODULE="controlplane.settings")
+        printed = subprocess.run(
+            [sys.executable, "-c", "from django.conf import settings as s; print("
+             "s.RUN_LEASE_SECONDS, s.RUN_MODEL_DEADLINE_SECONDS, "
+             "s.CELERY_TASK_TIME_LIMIT)"],
+            cwd=BASE_DIR, env=environ, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert printed.returncode == 0, printed.stderr
+        return [float(value) for value in printed.stdout.split()]
+
+    lease, deadline, hard = limits()
+    assert deadline < lease and hard == max(lease, deadline) + 60 == 180
+    assert limits(RUN_MODEL_DEADLINE_SECONDS="150")[2] == 210

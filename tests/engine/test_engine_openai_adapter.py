@@ -380,3 +380,41 @@ def test_tool_calls_finish_with_no_calls_is_asked_again_once(
     assert len(provider.requests) == 2
     assert reply.response_id == "chatcmpl-2"
     assert reply.attempts == 2
+
+
+class ClockedSleeps(Sleeps):
+    """Sleeps that move a fake clock: the backoffs are all the time there is."""
+
+    def clock(self) -> float:
+        return sum(self.calls)
+
+
+def test_the_call_deadline_cuts_a_slow_attempt_short_and_is_not_retried_past(
+    provider: FakeProvider,
+) -> None:
+    provider.push(200, completion(content="far too late"), delay=4.0)
+    provider.push(200, completion(content="never asked"))
+    sleeps = Sleeps()
+    model = make_model(provider, sleeps, timeout_seconds=60, deadline_seconds=1.5)
+    with pytest.raises(ModelError) as caught:
+        model.complete(MESSAGES, [], 64)
+    assert caught.value.kind == "timeout" and caught.value.attempts == 1
+    assert "deadline of 1.5s" in caught.value.message
+    assert sleeps.calls == [] and len(provider.requests) == 1
+
+
+def test_a_backoff_that_would_reach_the_deadline_is_not_slept(
+    provider: FakeProvider,
+) -> None:
+    for _ in range(4):
+        provider.push(500, error_body("boom", "server_error", "server_error"))
+    sleeps = ClockedSleeps()
+    model = make_model(provider, sleeps, deadline_seconds=6.0, clock=sleeps.clock)
+    with pytest.raises(ModelError) as caught:
+        model.complete(MESSAGES, [], 64)
+    # 2 s then 4 s (jittered to 50-100%) fit in 6 s only while 1 s is left after.
+    assert caught.value.kind == "server"
+    assert caught.value.attempts == len(sleeps.calls) + 1 < 4
+    assert sum(sleeps.calls) <= 6.0 - 1.0
+    assert "deadline of 6s" in caught.value.message
+    assert len(provider.requests) == caught.value.attempts

@@ -65,11 +65,14 @@ def build_model_adapter(
     script_position: int = 0,
     api_key: str = "",
     base_url: str | None = None,
+    deadline_seconds: float | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> ModelAdapter:
     """The adapter an agent is configured with (`scripted` or `openai`).
 
     `script_position` is how many replies a resumed run has already consumed.
+    `deadline_seconds` bounds one call with all its retries (the scripted model
+    answers at once).
     """
     if kind == "scripted":
         from runs.engine.adapters.scripted import ScriptedModel
@@ -78,9 +81,10 @@ def build_model_adapter(
     if kind == "openai":
         from runs.engine.adapters.openai_compatible import OpenAIModel
 
-        return OpenAIModel(
-            model=model, api_key=api_key, base_url=base_url, **dict(options or {})
-        )
+        settings = dict(options or {})
+        if deadline_seconds is not None:
+            settings["deadline_seconds"] = deadline_seconds
+        return OpenAIModel(model=model, api_key=api_key, base_url=base_url, **settings)
     raise ValueError(
         f"unknown model adapter {kind!r}; known: {', '.join(ADAPTER_KINDS)}"
     )

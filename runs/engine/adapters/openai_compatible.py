@@ -5,6 +5,11 @@ retries only transient ones (429 rate limits, 5xx, timeouts, connection errors),
 most `max_retries` times, with exponential backoff and jitter, honouring
 `Retry-After`. Quota (429 `insufficient_quota`) and auth (401/403) errors are not
 retried: they surface to the operator.
+
+One call, all its attempts and backoffs included, ends within `deadline_seconds`:
+each attempt's timeout is cut to what is left, and a backoff that would reach the
+deadline is not slept. The host keeps this below the run's lease and the task's
+hard time limit, so a slow provider never outlives the step that asked it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ DEFAULT_MAX_RETRIES = 3
 DEFAULT_BASE_DELAY_SECONDS = 2.0
 DEFAULT_MAX_DELAY_SECONDS = 60.0
 DEFAULT_TIMEOUT_SECONDS = 60.0
+DEFAULT_DEADLINE_SECONDS = 100.0
+# An attempt with less time than this left before the deadline is not started.
+MIN_ATTEMPT_SECONDS = 1.0
 QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached"})
 
 
@@ -97,22 +105,27 @@ class OpenAIModel:
         api_key: str,
         base_url: str | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
         max_retries: int = DEFAULT_MAX_RETRIES,
         base_delay_seconds: float = DEFAULT_BASE_DELAY_SECONDS,
         max_delay_seconds: float = DEFAULT_MAX_DELAY_SECONDS,
         max_tokens_param: str = "max_completion_tokens",
         parallel_tool_calls: bool | None = False,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         client: openai.OpenAI | None = None,
     ) -> None:
         self.model = model
+        self.timeout_seconds = timeout_seconds
+        self.deadline_seconds = deadline_seconds
         self.max_retries = max_retries
         self.base_delay_seconds = base_delay_seconds
         self.max_delay_seconds = max_delay_seconds
         self.max_tokens_param = max_tokens_param
         self.parallel_tool_calls = parallel_tool_calls
         self._sleep = sleep
+        self._clock = clock
         self._rng = rng or random.Random()
         # max_retries=0: the SDK must not retry underneath the agent-level policy.
         self._client = client or openai.OpenAI(
@@ -158,20 +171,25 @@ class OpenAIModel:
         max_output_tokens: int,
     ) -> ModelReply:
         request = self._request(messages, tools, max_output_tokens)
+        deadline = self._clock() + self.deadline_seconds
         attempt = 0
         anomaly_retried = False
         while True:
+            timeout = min(self.timeout_seconds, deadline - self._clock())
             try:
-                raw = self._client.chat.completions.with_raw_response.create(**request)
+                raw = self._client.chat.completions.with_raw_response.create(
+                    **request, timeout=max(timeout, 0.001)
+                )
                 completion = raw.parse()
                 request_id = raw.headers.get("x-request-id")
                 reply = self._reply(completion, request_id, attempt + 1)
                 if _is_empty_tool_turn(reply) and not anomaly_retried:
                     # finish_reason=tool_calls with no calls: a provider anomaly,
-                    # asked again once (spec §2.3).
+                    # asked again once (spec §2.3), if there is time for it.
                     anomaly_retried = True
-                    attempt += 1
-                    continue
+                    if deadline - self._clock() >= MIN_ATTEMPT_SECONDS:
+                        attempt += 1
+                        continue
                 return reply
             except openai.OpenAIError as exc:
                 kind, transient = classify_error(exc)
@@ -185,16 +203,25 @@ class OpenAIModel:
                 too_long = retry_after is not None and (
                     retry_after > self.max_delay_seconds
                 )
-                if not transient or attempt >= self.max_retries or too_long:
+                retry = transient and attempt < self.max_retries and not too_long
+                delay = self.backoff_seconds(attempt, retry_after) if retry else 0.0
+                # The next attempt would start too close to the deadline (or after it).
+                out_of_time = deadline - self._clock() - delay < MIN_ATTEMPT_SECONDS
+                if not retry or out_of_time:
+                    message = _safe_message(exc)
+                    if retry:
+                        message += (
+                            " (no time left for a retry within the call's "
+                            f"deadline of {self.deadline_seconds:g}s)"
+                        )
                     raise ModelError(
                         kind,
-                        _safe_message(exc),
+                        message,
                         status_code=status,
                         provider_request_id=request_id,
                         attempts=attempt + 1,
                         retryable=transient,
                     ) from None
-                delay = self.backoff_seconds(attempt, retry_after)
                 self.delays.append(delay)
                 self._sleep(delay)
                 attempt += 1
