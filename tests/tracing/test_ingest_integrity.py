@@ -114,8 +114,8 @@ def test_a_rival_tenants_ingest_with_a_kettlecraft_spans_ids_leaves_it_untouched
     # it sent, in a run of its own that only it can read.
     rival_run = Run.objects.get(tenant=other_tenant)
     assert rival_run.stop_reason == "external" and rival_run.id != native_run.id
-    assert sorted(Span.objects.filter(run=rival_run).values_list("name", flat=True)) == [
-        "pwned", "pwned too"]  # fmt: skip
+    names = Span.objects.filter(run=rival_run).values_list("name", flat=True)
+    assert sorted(names) == ["pwned", "pwned too"]
     assert not Span.objects.filter(run=native_run, name__startswith="pwned").exists()
     mine = api_client_for(rival_admin, other_tenant)
     assert mine.get(f"/api/v1/spans/{root.pk}/").status_code == 404

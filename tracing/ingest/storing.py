@@ -92,8 +92,10 @@ def _message_text(value: Any) -> str | None:
     return json.dumps(value, ensure_ascii=False, default=str)[:20_000]
 
 
-_UPDATED_FIELDS = ["parent_span_id", "name", "kind", "status", "status_message",
-                   "started_at", "ended_at", "attributes", "events", "payloads"]  # fmt: skip
+_UPDATED_FIELDS = [
+    "parent_span_id", "name", "kind", "status", "status_message",
+    "started_at", "ended_at", "attributes", "events", "payloads",
+]  # fmt: skip
 
 
 def _store_trace(
