@@ -10,9 +10,6 @@ from typing import Any
 
 import pytest
 from django.test import Client
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as Span_pb
 
@@ -179,9 +176,21 @@ def test_bad_values_in_otlp_json_are_400_naming_them_and_nothing_is_stored(
         (b'{"resourceSpans": NaN}', "not JSON"),
         (
             json.dumps(
-                {"resourceSpans": [{"resource": {"attributes": [
-                    {"key": "service.name", "value": {"stringValue": "bot\x00"}}
-                ]}, "scopeSpans": []}]}
+                {
+                    "resourceSpans": [
+                        {
+                            "resource": {
+                                "attributes": [
+                                    {
+                                        "key": "service.name",
+                                        "value": {"stringValue": "bot\x00"},
+                                    }
+                                ]
+                            },
+                            "scopeSpans": [],
+                        }
+                    ]
+                }
             ).encode(),
             "resource.service.name contains a NUL",
         ),  # fmt: skip
