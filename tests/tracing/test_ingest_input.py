@@ -18,6 +18,7 @@ from runs.models import Run
 from tests.tracing.test_ingest import otlp_json, post
 from tracing.ingest.otlp import ATTRIBUTE_MAX_DEPTH
 from tracing.models import RunEvent, Span, SpanPayload
+from tracing.selectors import span_payloads
 
 
 @pytest.fixture
@@ -55,6 +56,10 @@ def with_last_span(change: Callable[[dict[str, Any]], None]) -> bytes:
         nested = level * depth + '{"stringValue": "leaf"}' + "}]}}" * depth
         text = text[:start] + nested + text[end:]
     return text.encode()
+
+
+def unchanged_json(span: dict[str, Any]) -> None:
+    pass
 
 
 def attribute(key: str, value: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
@@ -338,3 +343,37 @@ def test_non_finite_doubles_and_the_last_representable_time_are_stored(
     last = Span.objects.get(span_id=f"{3:016x}")
     assert last.attributes["score"] == "NaN"
     assert last.ended_at is not None and last.ended_at.year == 2554
+
+
+def test_a_payload_of_json_text_nested_past_any_walk_is_stored_as_text(
+    secret: str, tenant: Any
+) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    body = with_last_span(
+        attribute("input.value", {"stringValue": deep}),
+    )
+    response = post(Client(), body, secret=secret)
+    assert response.status_code == 200, response.content
+    last = Span.objects.get(span_id=f"{3:016x}")
+    stored = span_payloads(tenant=tenant, span=last)["gen_ai.input.messages"]
+    assert json.loads(stored) == deep
+
+
+def test_a_runs_token_totals_stop_at_the_columns_maximum(
+    secret: str, tenant: Any
+) -> None:
+    """Counts in range, repeated by a sender as often as it likes, never
+    overflow the run's 64-bit totals (a 500 on PostgreSQL, on SQLite too)."""
+    assert (
+        post(Client(), with_last_span(unchanged_json), secret=secret).status_code == 200
+    )
+    run = Run.objects.get(tenant=tenant, stop_reason="external")
+    Run.objects.filter(id=run.id).update(input_tokens=2**63 - 2)
+    again = otlp_json(1, trace_id="6b8efff798038103d269b633813fc60c")
+    # The same run: a second request of its trace.
+    again["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = run.trace_id
+    again["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["spanId"] = f"{9:016x}"
+    response = post(Client(), json.dumps(again).encode(), secret=secret)
+    assert response.status_code == 200, response.content
+    run.refresh_from_db()
+    assert run.input_tokens == 2**63 - 1
