@@ -104,6 +104,15 @@ class Run(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "status", "-created_at"])]
+        constraints = [
+            # One run per trace in a tenant: OTLP ingest finds a trace's external
+            # run by it, and a native run's trace is never another run's.
+            models.UniqueConstraint(
+                fields=["tenant", "trace_id"],
+                condition=~models.Q(trace_id=""),
+                name="one_run_per_trace",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"run {self.id} ({self.status})"

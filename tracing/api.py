@@ -11,6 +11,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceResponse,
+)
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -203,15 +206,26 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
         return _error(413, "too_large", str(exc))
     except IngestError as exc:
         return _error(400, "invalid", str(exc))
-    ingest_spans(tenant=context.tenant, spans=spans)
-    # OTLP/HTTP: an ExportTraceServiceResponse; the empty one means all accepted.
+    result = ingest_spans(tenant=context.tenant, user=token.user, spans=spans)
+    # OTLP/HTTP: an ExportTraceServiceResponse; the empty one means all accepted,
+    # a partial success counts and explains the spans refused.
+    message = "; ".join(result.errors)
     if kind == "application/json":
-        return JsonResponse({})
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceResponse,
-    )
-
+        if not result.rejected:
+            return JsonResponse({})
+        return JsonResponse(
+            {
+                "partialSuccess": {
+                    # int64 is a string in proto JSON
+                    "rejectedSpans": str(result.rejected),
+                    "errorMessage": message,
+                }
+            }
+        )
+    response = ExportTraceServiceResponse()
+    if result.rejected:
+        response.partial_success.rejected_spans = result.rejected
+        response.partial_success.error_message = message
     return HttpResponse(
-        ExportTraceServiceResponse().SerializeToString(),
-        content_type="application/x-protobuf",
+        response.SerializeToString(), content_type="application/x-protobuf"
     )

@@ -48,9 +48,10 @@ class Span(models.Model):
     class Meta:
         ordering = ["started_at", "id"]
         constraints = [
-            models.UniqueConstraint(
-                fields=["trace_id", "span_id"], name="one_span_per_id"
-            )
+            # A span's identity is its id within its run, and a run's trace id is
+            # unique within its tenant (runs.Run): span ids are unique per tenant
+            # and trace, so one tenant's spans never collide with another's.
+            models.UniqueConstraint(fields=["run", "span_id"], name="one_span_per_run")
         ]
         indexes = [models.Index(fields=["run", "parent_span_id", "started_at"])]
 

@@ -139,9 +139,7 @@ def _budget_attributes(run: Run) -> dict[str, Any]:
 
 
 def _root_start(run: Run) -> None:
-    if Span.objects.filter(
-        trace_id=run.trace_id, span_id=f"{root_span_id(run):016x}"
-    ).exists():
+    if Span.objects.filter(run=run, span_id=f"{root_span_id(run):016x}").exists():
         return
     agent = run.agent
     with (
@@ -178,7 +176,7 @@ def _resume_and_end(
     error_type: str = "",
 ) -> None:
     """Start a stored long-lived span again with its ids and start time; end it."""
-    row = Span.objects.filter(trace_id=run.trace_id, span_id=span_id).first()
+    row = Span.objects.filter(run=run, span_id=span_id).first()
     if row is None or row.status != Span.Status.RUNNING:
         return
     parent = (

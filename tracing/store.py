@@ -92,12 +92,17 @@ def payload_encode(value: Any) -> tuple[str, str, int]:
     Kept whole up to TRACING_PAYLOAD_MAX_BYTES (at least 1 MB); a larger one is
     stored as its head with a note of its full size.
     """
+    sent = value
     if isinstance(value, str):
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):
             value = json.loads(value)
-    return _payload_of(
-        json.dumps(redact(value), ensure_ascii=False, default=_json_default)
-    )
+    try:
+        text = json.dumps(redact(value), ensure_ascii=False, default=_json_default)
+    except RecursionError:
+        # A JSON text nested deeper than redaction walks (an ingested attribute
+        # may be anything): kept as the text it was, redacted as text.
+        text = json.dumps(redact(str(sent)), ensure_ascii=False)
+    return _payload_of(text)
 
 
 def _payload_of(text: str) -> tuple[str, str, int]:
@@ -461,11 +466,13 @@ def span_record_start(
     long wait ending in another process, it keeps its row) and log `span.started`."""
     with telemetry_transaction():  # payloads, span and event in one commit
         attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
+        # Looked up in its run: span ids are unique per run (and so per tenant),
+        # another tenant may hold the same ids.
         span, created = Span.objects.get_or_create(
-            trace_id=record.trace_id,
+            run_id=run_id,
             span_id=record.span_id,
             defaults={
-                "run_id": run_id,
+                "trace_id": record.trace_id,
                 "parent_span_id": record.parent_span_id,
                 "name": record.name[:300],
                 "kind": record.kind,
@@ -511,7 +518,7 @@ def _span_end_row(
 ) -> Span:
     span = (
         Span.objects.select_for_update()
-        .filter(trace_id=record.trace_id, span_id=record.span_id)
+        .filter(run_id=run_id, span_id=record.span_id)
         .first()
     )
     if span is None:

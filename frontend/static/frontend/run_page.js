@@ -391,7 +391,7 @@ async function loadTrace() {
   if (complete) {
     // A small run: its log is the whole story, every node fully known.
     for (const event of events) { cursor = event.seq; applyEventQuiet(event); }
-    for (const node of model.nodes.values()) if (node.children === null) node.children = [];
+    for (const node of model.nodes.values()) model.settle(node);
     model.adoptOrphans();
     expandDefault();
     return;

@@ -31,7 +31,8 @@ export class TraceModel {
       return node;
     }
     node = { id: span.span_id, s: span, children: complete ? [] : null, expanded: false,
-      loading: false, next: null, fromEvent: authoritative, parent: span.parent_span_id || "" };
+      loading: false, next: null, fromEvent: authoritative, parent: span.parent_span_id || "",
+      early: [] };
     this.nodes.set(node.id, node);
     if (span.status === "running") this.running += 1;
     this.stretch(span);
@@ -39,7 +40,7 @@ export class TraceModel {
     const waiting = this.orphans.get(node.id);
     if (waiting) {
       this.orphans.delete(node.id);
-      if (node.children === null) node.children = [];
+      this.settle(node);
       for (const id of waiting) this.insertChild(node, this.nodes.get(id));
     }
     this.version += 1;
@@ -51,11 +52,21 @@ export class TraceModel {
     const parent = this.nodes.get(node.parent);
     if (parent) {
       if (parent.children !== null) this.insertChild(parent, node);
-      return; // lazy parent: its page will bring this child when expanded
+      // A lazy parent (its list not known yet): the child is kept, not dropped,
+      // and joins the list when it becomes known (its page, or the whole log).
+      else if (!parent.early.includes(node.id)) parent.early.push(node.id);
+      return;
     }
     const list = this.orphans.get(node.parent) || [];
     list.push(node.id);
     this.orphans.set(node.parent, list);
+  }
+
+  // The node's list of children is known from now on: the ones seen before join.
+  settle(node) {
+    if (node.children === null) node.children = [];
+    for (const id of node.early) this.insertChild(node, this.nodes.get(id));
+    node.early = [];
   }
 
   insertChild(parent, node) {
@@ -80,7 +91,7 @@ export class TraceModel {
   // A fetched page of children of `parentId` ("" for roots).
   addPage(parentId, spans, next) {
     const parent = parentId ? this.nodes.get(parentId) : null;
-    if (parent && parent.children === null) parent.children = [];
+    if (parent) this.settle(parent);
     for (const span of spans) this.upsert(span, { authoritative: false });
     if (parent) { parent.next = next; parent.loading = false; }
     else this.rootNext = next;
@@ -118,7 +129,11 @@ export class TraceModel {
   pathTo(id) {
     const path = [];
     let node = this.nodes.get(id);
-    while (node) { path.unshift(node); node = node.parent ? this.nodes.get(node.parent) : null; }
+    // Ingested parents may form a cycle: each node at most once.
+    while (node && !path.includes(node)) {
+      path.unshift(node);
+      node = node.parent ? this.nodes.get(node.parent) : null;
+    }
     return path;
   }
 }

@@ -1,0 +1,103 @@
+"""One vocabulary for ingested spans: OpenInference and Traceloop attribute names
+become the GenAI (gen_ai.*) ones the rest of the control plane reads."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["map_attributes"]
+
+_OPENINFERENCE_OPERATIONS = {
+    "LLM": "chat", "TOOL": "execute_tool", "AGENT": "invoke_agent",
+    "EMBEDDING": "embeddings", "RETRIEVER": "retrieval",
+}  # fmt: skip
+_TRACELOOP_OPERATIONS = {"agent": "invoke_agent", "tool": "execute_tool",
+                         "workflow": "invoke_agent"}  # fmt: skip
+_SIMPLE_RENAMES = {
+    # OpenInference
+    "llm.model_name": "gen_ai.request.model",
+    "llm.provider": "gen_ai.provider.name",
+    "llm.system": "gen_ai.provider.name",
+    "llm.token_count.prompt": "gen_ai.usage.input_tokens",
+    "llm.token_count.completion": "gen_ai.usage.output_tokens",
+    "tool.name": "gen_ai.tool.name",
+    "tool_call.id": "gen_ai.tool.call.id",
+    "agent.name": "gen_ai.agent.name",
+    "session.id": "gen_ai.conversation.id",
+    # Traceloop / OpenLLMetry and older GenAI names
+    "gen_ai.system": "gen_ai.provider.name",
+    "gen_ai.usage.prompt_tokens": "gen_ai.usage.input_tokens",
+    "gen_ai.usage.completion_tokens": "gen_ai.usage.output_tokens",
+    "llm.usage.prompt_tokens": "gen_ai.usage.input_tokens",
+    "llm.usage.completion_tokens": "gen_ai.usage.output_tokens",
+    "llm.request.model": "gen_ai.request.model",
+    "llm.response.model": "gen_ai.response.model",
+}
+_INDEXED = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(\w+)$")
+
+
+def map_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    """One vocabulary: OpenInference and Traceloop names become gen_ai.* ones.
+
+    Names already in gen_ai.* win; the source names that carried payloads are
+    folded into the payload keys, the rest are kept as they came.
+    """
+    out: dict[str, Any] = {}
+    indexed: dict[str, dict[int, dict[str, Any]]] = {"prompt": {}, "completion": {}}
+    for key, value in attributes.items():
+        match = _INDEXED.match(key)
+        if match:
+            kind, index, field = match.group(1), int(match.group(2)), match.group(3)
+            indexed[kind].setdefault(index, {})[field] = value
+            continue
+        out[key] = value
+    for source, target in _SIMPLE_RENAMES.items():
+        if source in attributes and target not in attributes:
+            out.setdefault(target, attributes[source])
+    operation = out.get("gen_ai.operation.name")
+    oi_kind = str(attributes.get("openinference.span.kind") or "").upper()
+    tl_kind = str(attributes.get("traceloop.span.kind") or "").lower()
+    if not operation:
+        operation = _OPENINFERENCE_OPERATIONS.get(oi_kind) or _TRACELOOP_OPERATIONS.get(
+            tl_kind
+        )
+        if not operation and attributes.get("llm.request.type") == "chat":
+            operation = "chat"
+        if operation:
+            out["gen_ai.operation.name"] = operation
+    entity = attributes.get("traceloop.entity.name")
+    if entity:
+        if operation == "execute_tool":
+            out.setdefault("gen_ai.tool.name", entity)
+        elif operation == "invoke_agent":
+            out.setdefault("gen_ai.agent.name", entity)
+    # Inputs and outputs, whatever they were called.
+    tool = operation == "execute_tool"
+    source_input = attributes.get(
+        "input.value", attributes.get("traceloop.entity.input")
+    )
+    source_output = attributes.get(
+        "output.value", attributes.get("traceloop.entity.output")
+    )
+    input_key = "gen_ai.tool.call.arguments" if tool else "gen_ai.input.messages"
+    output_key = "gen_ai.tool.call.result" if tool else "gen_ai.output.messages"
+    if source_input is not None:
+        out.setdefault(input_key, source_input)
+    if source_output is not None:
+        out.setdefault(output_key, source_output)
+    if indexed["prompt"]:
+        out.setdefault(
+            "gen_ai.input.messages",
+            [indexed["prompt"][i] for i in sorted(indexed["prompt"])],
+        )
+    if indexed["completion"]:
+        completions = [indexed["completion"][i] for i in sorted(indexed["completion"])]
+        out.setdefault("gen_ai.output.messages", completions)
+        reasons = [c["finish_reason"] for c in completions if "finish_reason" in c]
+        if reasons:
+            out.setdefault("gen_ai.response.finish_reasons", reasons)
+    for source in ("input.value", "output.value", "traceloop.entity.input",
+                   "traceloop.entity.output"):  # fmt: skip
+        out.pop(source, None)
+    return out
