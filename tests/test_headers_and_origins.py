@@ -122,3 +122,19 @@ async def test_a_trusted_proxy_origin_opens(admin_user, tenant, settings):
     connected, _ = await ws.connect()
     assert connected
     await ws.disconnect()
+
+
+def test_the_api_docs_page_runs_no_inline_script(admin_user, tenant):
+    client = Client()
+    client.force_login(admin_user)
+    page = client.get("/api/docs/")
+    assert page.status_code == 200
+    policy = _directives(page["Content-Security-Policy"])
+    assert "'unsafe-inline'" not in policy["script-src"]
+    html = page.content.decode()
+    assert not re.search(r"<script\b[^>]*>\s*[^<\s]", html)
+    script = re.search(r'<script src="(/api/docs/\?[^"]*script[^"]*)"', html)
+    assert script, html
+    init = client.get(script.group(1).replace("&amp;", "&"))
+    assert init.status_code == 200
+    assert init["Content-Type"].startswith("application/javascript")
