@@ -2,7 +2,8 @@
 
 admin: everything in the tenant; operator: start and cancel runs, decide approvals,
 send OTLP traces, and read; viewer: read. APIs (`action_required`), WebSocket
-consumers, pages and OTLP ingest (`context_may`) ask here; tests/test_permissions.py has a test per cell.
+consumers, pages and OTLP ingest (`context_may`) ask here;
+tests/test_permissions.py has a test per cell.
 """
 
 from __future__ import annotations

@@ -51,7 +51,9 @@ def communicator(path: str, secret: str | None) -> WebsocketCommunicator:
 
 
 def stream_path(kind: str, run: Run) -> str:
-    return f"/ws/runs/{run.id}/?after_seq=0" if kind == "run" else "/ws/tenant/?after_id=0"
+    return (
+        f"/ws/runs/{run.id}/?after_seq=0" if kind == "run" else "/ws/tenant/?after_id=0"
+    )
 
 
 async def refusal_of(ws: WebsocketCommunicator) -> tuple[int, int]:
@@ -102,9 +104,9 @@ async def test_a_deactivated_users_token_is_refused_by_rest_streams_and_otlp(
 ) -> None:
     user = await sync_to_async(make_member)(run.tenant, "dee", "operator")
     secret = (await sync_to_async(api_token_issue)(tenant=run.tenant, user=user)).secret
-    await sync_to_async(
-        get_user_model().objects.filter(pk=user.pk).update
-    )(is_active=False)
+    await sync_to_async(get_user_model().objects.filter(pk=user.pk).update)(
+        is_active=False
+    )
 
     def rest_and_otlp() -> tuple[int, int]:
         api = APIClient()
@@ -118,9 +120,7 @@ async def test_a_deactivated_users_token_is_refused_by_rest_streams_and_otlp(
         await ws.disconnect()
     # OTLP stored nothing.
     assert not await sync_to_async(Span.objects.exists)()
-    assert not await sync_to_async(
-        Run.objects.filter(stop_reason="external").exists
-    )()
+    assert not await sync_to_async(Run.objects.filter(stop_reason="external").exists)()
 
 
 @pytest.mark.django_db(transaction=True)

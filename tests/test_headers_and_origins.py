@@ -88,7 +88,9 @@ def _ws(origin: str, host: str, secret: str, scheme: str = "ws") -> Any:
 async def test_a_websocket_from_another_origin_is_refused(
     origin, host, scheme, admin_user, tenant
 ):
-    secret = (await sync_to_async(api_token_issue)(tenant=tenant, user=admin_user)).secret
+    secret = (
+        await sync_to_async(api_token_issue)(tenant=tenant, user=admin_user)
+    ).secret
     ws = _ws(origin, host, secret, scheme)
     connected, _ = await ws.connect()
     assert connected is False  # closed before accept: Daphne answers HTTP 403
@@ -106,7 +108,9 @@ async def test_a_websocket_from_another_origin_is_refused(
 async def test_a_websocket_from_the_same_origin_opens(
     origin, host, scheme, admin_user, tenant
 ):
-    secret = (await sync_to_async(api_token_issue)(tenant=tenant, user=admin_user)).secret
+    secret = (
+        await sync_to_async(api_token_issue)(tenant=tenant, user=admin_user)
+    ).secret
     ws = _ws(origin, host, secret, scheme)
     connected, _ = await ws.connect()
     assert connected
@@ -117,7 +121,9 @@ async def test_a_websocket_from_the_same_origin_opens(
 @pytest.mark.django_db(transaction=True)
 async def test_a_trusted_proxy_origin_opens(admin_user, tenant, settings):
     settings.CSRF_TRUSTED_ORIGINS = ["https://plane.example.com"]
-    secret = (await sync_to_async(api_token_issue)(tenant=tenant, user=admin_user)).secret
+    secret = (
+        await sync_to_async(api_token_issue)(tenant=tenant, user=admin_user)
+    ).secret
     ws = _ws("https://plane.example.com", "127.0.0.1:8000", secret)
     connected, _ = await ws.connect()
     assert connected

@@ -39,9 +39,9 @@ def test_pages_run_under_the_policy_and_the_tenant_switcher_switches(
     refused: list[str] = []
     page.on(
         "console",
-        lambda msg: refused.append(msg.text)
-        if "Content Security Policy" in msg.text
-        else None,
+        lambda msg: (
+            refused.append(msg.text) if "Content Security Policy" in msg.text else None
+        ),
     )
     page.reload()
     # The run page drew its tree from the API and follows the stream.
