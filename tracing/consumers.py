@@ -190,6 +190,8 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.sender.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self.sender
+        while not self.queue.empty():  # frees a replay waiting for room
+            self.queue.get_nowait()
         await self.send_json(
             {
                 "type": "error",
