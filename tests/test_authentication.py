@@ -404,3 +404,37 @@ def test_approval_requests_are_untouched_by_refused_tokens(
     assert response.status_code == 401
     approval.refresh_from_db()
     assert approval.status == "pending"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_browser_sessions_stream_closes_when_its_user_is_deactivated(
+    run: Run, make_member: Any
+) -> None:
+    user = await sync_to_async(make_member)(run.tenant, "browser", "viewer")
+
+    def session_cookie() -> str:
+        client = Client()
+        client.force_login(user)
+        return client.cookies["sessionid"].value
+
+    cookie = await sync_to_async(session_cookie)()
+    ws = WebsocketCommunicator(
+        application,
+        "/ws/tenant/?after_id=0",
+        headers=[
+            (b"origin", b"http://testserver"),
+            (b"host", b"testserver"),
+            (b"cookie", f"sessionid={cookie}".encode()),
+        ],
+    )
+    assert (await ws.connect())[0]
+    assert (await ws.receive_json_from(timeout=5))["type"] == "hello"
+    await sync_to_async(_deactivate_user)(None, user)  # type: ignore[arg-type]
+    started = time.monotonic()
+    while True:
+        output = await ws.receive_output(timeout=5)
+        if output["type"] == "websocket.close":
+            break
+    assert time.monotonic() - started < 5
+    assert output["code"] == 4401
+    await ws.disconnect()
