@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 from channels.routing import ProtocolTypeRouter, URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -20,8 +19,7 @@ configure_tracing()
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
-            TenantAuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        # Same origin (scheme, host, port), then the session or a bearer token.
+        "websocket": TenantAuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )

@@ -51,9 +51,23 @@ def demo_seed_tenant(*, password: str = "", reset_password: bool = False) -> Dem
                 generated = generated or secrets.token_urlsafe(12)
                 chosen = generated
             user.set_password(chosen)
-            user.is_staff = role == Role.ADMIN
-            user.is_superuser = role == Role.ADMIN
             user.save()
+        # A tenant role never opens the Django admin (it shows every tenant's
+        # users, tokens and audit): only `createsuperuser` grants that. A database
+        # seeded by an older version, whose demo admin was a superuser, is fixed.
+        if user.is_staff or user.is_superuser:
+            user_model.objects.filter(pk=user.pk).update(
+                is_staff=False, is_superuser=False
+            )
+            services.audit_record(
+                tenant=tenant,
+                actor=None,
+                action="user.staff_revoke",
+                object_type="user",
+                object_id=str(user.pk),
+                before={"is_staff": user.is_staff, "is_superuser": user.is_superuser},
+                after={"is_staff": False, "is_superuser": False},
+            )
         services.membership_set(tenant=tenant, user=user, role=role)
     return DemoLogins(
         tenant=tenant,

@@ -1,8 +1,9 @@
 """The permission matrix: which role may do what in its tenant.
 
 admin: everything in the tenant; operator: start and cancel runs, decide approvals,
-and read; viewer: read. APIs (`action_required`), WebSocket consumers and pages
-(`context_may`) ask here; tests/test_permissions.py has a test per cell.
+send OTLP traces, and read; viewer: read. APIs (`action_required`), WebSocket
+consumers, pages and OTLP ingest (`context_may`) ask here;
+tests/test_permissions.py has a test per cell.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Action(StrEnum):
     BUDGET_READ = "budget.read"
     BUDGET_WRITE = "budget.write"
     AUDIT_READ = "audit.read"
+    TRACE_INGEST = "trace.ingest"  # OTLP spans of external agents
 
 
 _READ = frozenset(
@@ -46,7 +48,12 @@ _READ = frozenset(
 MATRIX: dict[str, frozenset[Action]] = {
     Role.ADMIN: frozenset(Action),
     Role.OPERATOR: _READ
-    | {Action.RUN_START, Action.RUN_CANCEL, Action.APPROVAL_DECIDE},
+    | {
+        Action.RUN_START,
+        Action.RUN_CANCEL,
+        Action.APPROVAL_DECIDE,
+        Action.TRACE_INGEST,
+    },
     Role.VIEWER: _READ,
 }
 

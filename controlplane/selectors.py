@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
@@ -9,19 +11,37 @@ from controlplane.models import ApiToken, AuditEvent, Membership, Tenant
 from controlplane.services import TOKEN_PREFIX, token_sha256
 
 
-def api_token_by_secret(*, secret: str) -> ApiToken | None:
-    """The live token for a presented secret, or None (unknown, revoked, malformed)."""
+def api_token_by_secret_any(*, secret: str) -> ApiToken | None:
+    """The token a presented secret names, revoked or not (None: unknown or
+    malformed). Only controlplane.authentication asks, and decides if it lives."""
     if not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
         return None
     return (
         ApiToken.objects.select_related("tenant", "user")
-        .filter(token_sha256=token_sha256(secret), revoked_at__isnull=True)
+        .filter(token_sha256=token_sha256(secret))
+        .first()
+    )
+
+
+def api_token_live(*, token_id: Any) -> ApiToken | None:
+    """The token if it is not revoked and its user is active."""
+    return (
+        ApiToken.objects.select_related("tenant", "user")
+        .filter(id=token_id, revoked_at__isnull=True, user__is_active=True)
         .first()
     )
 
 
 def membership_for(*, user: User, tenant: Tenant) -> Membership | None:
     return Membership.objects.filter(user=user, tenant=tenant).first()
+
+
+def membership_in(*, user: User, tenant_id: Any) -> Membership | None:
+    return (
+        Membership.objects.filter(user=user, tenant_id=tenant_id)
+        .select_related("tenant")
+        .first()
+    )
 
 
 def memberships_of(*, user: User) -> QuerySet[Membership]:

@@ -64,6 +64,32 @@ def membership_set(*, tenant: Tenant, user: User, role: Role | str) -> Membershi
 
 
 @transaction.atomic
+def membership_remove(*, tenant: Tenant, user: User, actor: User | None) -> bool:
+    """Take the user out of the tenant and revoke their tokens there (a later
+    re-invitation does not bring old tokens back). Open streams end at their
+    next check (controlplane.authentication). False if they were no member."""
+    membership = (
+        Membership.objects.select_for_update().filter(tenant=tenant, user=user).first()
+    )
+    if membership is None:
+        return False
+    membership.delete()
+    revoked = ApiToken.objects.filter(
+        tenant=tenant, user=user, revoked_at__isnull=True
+    ).update(revoked_at=timezone.now())
+    audit_record(
+        tenant=tenant,
+        actor=actor,
+        action="membership.remove",
+        object_type="membership",
+        object_id=str(user.pk),
+        before={"username": user.get_username(), "role": membership.role},
+        after={"tokens_revoked": revoked},
+    )
+    return True
+
+
+@transaction.atomic
 def api_token_issue(*, tenant: Tenant, user: User, name: str = "") -> IssuedToken:
     """Create a token; the secret is returned once and only its hash is stored."""
     if not Membership.objects.filter(tenant=tenant, user=user).exists():

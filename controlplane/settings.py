@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "channels",
+    "axes",
+    "csp",
     "controlplane",
     "runs",
     "approvals",
@@ -67,6 +70,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -74,6 +78,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a login refused by the lockout into its 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -181,6 +187,16 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_DB_REUSE_MAX = 2**62
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}
 
+# The shared cache (Redis) holds the failed-token counters, so every web process
+# counts against the same limit.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": _REDIS,
+        "KEY_PREFIX": "cp",
+    }
+}
+
 # channels-redis 4.3 blocks up to 5 s in BZPOPMIN on each receive, and redis-py 8
 # reads with a 5 s socket_timeout by default: an idle stream's receive timed out
 # and Daphne closed it with 1011 every ~10 s. The read timeout sits well above the
@@ -216,6 +232,41 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# django-axes watches every login (the site's and the admin's) before the model
+# backend checks the password.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AUTH_LOGIN_FAILURE_LIMIT = env.integer(
+    "AUTH_LOGIN_FAILURE_LIMIT",
+    10,
+    minimum=1,
+    help="Failed logins per username, and per address, before logins are refused "
+    "(429) for AUTH_LOCKOUT_MINUTES.",
+)
+AUTH_TOKEN_FAILURE_LIMIT = env.integer(
+    "AUTH_TOKEN_FAILURE_LIMIT",
+    20,
+    minimum=1,
+    help="Refused bearer tokens per address, and per account, before every token "
+    "from there is refused (429) for AUTH_LOCKOUT_MINUTES.",
+)
+AUTH_LOCKOUT_MINUTES = env.number(
+    "AUTH_LOCKOUT_MINUTES",
+    15.0,
+    minimum=0.1,
+    help="How long failures are counted and a lockout lasts, in minutes.",
+)
+AXES_FAILURE_LIMIT = AUTH_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=AUTH_LOCKOUT_MINUTES)
+# Either one locks: a password sprayed from many addresses at one account, or
+# many accounts tried from one address.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "controlplane.authentication.login_lockout_response"
+AXES_DISABLE_ACCESS_LOG = True  # successful logins need no row of their own
+AXES_VERBOSE = False
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
@@ -242,7 +293,7 @@ if DEBUG:
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "controlplane.tenancy.ApiTokenAuthentication",
+        "controlplane.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.tenancy.IsTenantMember"],
@@ -273,6 +324,24 @@ DEMO_PASSWORD = env.string(
     help="Password of the demo users; generated and printed once when empty.",
 )
 PORT = env.integer("PORT", 8000, minimum=1, help="Port `manage.py dev` serves on.")
+
+# Pages run only the ES modules served from here: no inline script, no eval, no
+# other origin. Style attributes stay allowed: the trace tree positions its
+# virtualised rows with them, and an attribute cannot run script.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "style-src-attr": ["'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 if not DEBUG:
     SESSION_COOKIE_SECURE = env.boolean(
@@ -440,6 +509,13 @@ STREAM_QUEUE_EVENTS = env.integer(
     2000,
     minimum=10,
     help="Events queued for one WebSocket client before it is disconnected as slow.",
+)
+STREAM_AUTH_RECHECK_SECONDS = env.number(
+    "STREAM_AUTH_RECHECK_SECONDS",
+    2.0,
+    minimum=0.1,
+    help="How often an open WebSocket stream re-checks its caller (token revoked, "
+    "user deactivated, membership removed: the stream is closed).",
 )
 STREAM_HEARTBEAT_SECONDS = env.number(
     "STREAM_HEARTBEAT_SECONDS",

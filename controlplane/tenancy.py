@@ -1,4 +1,6 @@
-"""Who is calling and in which tenant: the one place APIs and consumers ask."""
+"""Who is calling and in which tenant: the one place APIs and consumers ask.
+
+The credentials themselves are checked by controlplane.authentication."""
 
 from __future__ import annotations
 
@@ -6,12 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
-from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
-from controlplane import selectors, services
+from controlplane import selectors
 from controlplane.models import ApiToken, Membership, Role, Tenant
 
 TENANT_HEADER = "HTTP_X_TENANT"
@@ -59,35 +60,6 @@ def tenant_context_for(
     return TenantContext(
         tenant=membership.tenant, user=user, role=membership.role, token=token
     )
-
-
-class ApiTokenAuthentication(BaseAuthentication):
-    """`Authorization: Bearer <token>`; unknown or revoked tokens get 401."""
-
-    keyword = b"bearer"
-
-    def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
-        parts = get_authorization_header(request).split()
-        if not parts or parts[0].lower() != self.keyword:
-            return None
-        if len(parts) != 2:
-            raise AuthenticationFailed(
-                "Malformed Authorization header: expected 'Bearer <token>'."
-            )
-        try:
-            secret = parts[1].decode("ascii")
-        except UnicodeDecodeError as exc:
-            raise AuthenticationFailed("The token contains non-ASCII bytes.") from exc
-        token = selectors.api_token_by_secret(secret=secret)
-        if token is None:
-            raise AuthenticationFailed("Unknown or revoked API token.")
-        if not token.user.is_active:
-            raise AuthenticationFailed("The token's user is inactive.")
-        services.api_token_touch(token=token)
-        return token.user, token
-
-    def authenticate_header(self, request: Request) -> str:
-        return 'Bearer realm="api"'
 
 
 def request_tenant_context(request: Request) -> TenantContext | None:

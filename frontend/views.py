@@ -15,6 +15,7 @@ from django.shortcuts import render
 
 from controlplane import selectors as tenancy_selectors
 from controlplane.models import Role
+from controlplane.permissions import Action, context_may
 from controlplane.tenancy import SESSION_TENANT_KEY, TenantContext, tenant_context_for
 from runs import selectors as run_selectors
 from runs.models import Run
@@ -34,17 +35,16 @@ def _page(
     extra: dict[str, Any] | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    if context is None:
+    if context is None or not context_may(context, Action.PAGE_READ):
         return render(request, "frontend/no_tenant.html", {"page": page}, status=403)
     memberships = tenancy_selectors.memberships_of(user=context.user)
-    can_decide = context.role in (Role.ADMIN, Role.OPERATOR)
     values = {
         "page": page,
         "tenant_context": context,
         "memberships": memberships,
         "role": context.role,
-        "can_decide": can_decide,
-        "can_start": can_decide,
+        "can_decide": context_may(context, Action.APPROVAL_DECIDE),
+        "can_start": context_may(context, Action.RUN_START),
         "is_admin": context.role == Role.ADMIN,
         **(extra or {}),
     }
@@ -93,6 +93,6 @@ def budget_page(request: HttpRequest) -> HttpResponse:
 def audit_page(request: HttpRequest) -> HttpResponse:
     """The tenant's audit log (admins only)."""
     context = _context(request)
-    if context is not None and context.role != Role.ADMIN:
+    if context is not None and not context_may(context, Action.AUDIT_READ):
         return _page(request, "frontend/forbidden.html", context, "audit", status=403)
     return _page(request, "frontend/audit.html", context, "audit")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from django.conf import settings
 from django.db import connection
 
@@ -30,6 +31,7 @@ def _use_redis(url: str) -> None:
     settings.CELERY_BROKER_URL = url
     hosts = settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"]
     hosts[:] = [{**host, "address": url} for host in hosts]
+    settings.CACHES["default"]["LOCATION"] = url
     celery_app.conf.broker_url = url
 
 
@@ -49,6 +51,19 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["CELERY_QUEUE"] = queue
     settings.CELERY_TASK_DEFAULT_QUEUE = queue
     celery_app.conf.task_default_queue = queue
+
+
+@pytest.fixture(autouse=True)
+def auth_failure_counters_cleared() -> None:
+    """Failed-token counters live in Redis, which outlives a test: every test
+    starts with none (a lockout test would otherwise lock out the next)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match="cp:*:auth-*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
 
 
 def database_url_for_subprocess() -> str:

@@ -31,6 +31,7 @@ EXPECTED = {
     Action.BUDGET_READ:       (True,  True,  True),
     Action.BUDGET_WRITE:      (True,  False, False),
     Action.AUDIT_READ:        (True,  False, False),
+    Action.TRACE_INGEST:      (True,  True,  False),
 }  # fmt: skip
 demo_agent = runs_fixtures.demo_agent
 shop = runs_fixtures.shop
@@ -127,6 +128,14 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
     elif action is Action.AUDIT_READ:
         response = api.get("/api/v1/audit/")
         assert _page(user, "/audit/").status_code == response.status_code
+    elif action is Action.TRACE_INGEST:
+        body = {"resourceSpans": [{"scopeSpans": [{"spans": [{
+            "traceId": "5b8efff798038103d269b633813fc60c",
+            "spanId": "0000000000000001", "name": "agent",
+            "startTimeUnixNano": "1700000000000000000",
+            "endTimeUnixNano": "1700000001000000000"}]}]}]}  # fmt: skip
+        response = api.post("/v1/traces", body, format="json")
+        assert (response.status_code == 200) == Run.objects.exists()
     else:  # pragma: no cover - STREAM_READ has its own async test
         raise AssertionError(action)
     assert response.status_code in (200, 201, 403), response.content
@@ -153,6 +162,7 @@ async def stream_read(secret: str, tenant: Any) -> bool:
         "/ws/tenant/",
         headers=[
             (b"origin", b"http://testserver"),
+            (b"host", b"testserver"),
             (b"authorization", f"Bearer {secret}".encode()),
         ],
     )

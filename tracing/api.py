@@ -19,8 +19,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane import selectors as controlplane_selectors
-from controlplane.models import Role
+from controlplane.authentication import (
+    AuthenticationRefused,
+    TooManyFailures,
+    bearer_authenticate,
+)
+from controlplane.permissions import Action, context_may
 from controlplane.tenancy import IsTenantMember, tenant_context_for, tenant_of
 from runs.models import Run
 from tracing import selectors
@@ -166,11 +170,20 @@ def _error(status: int, code: str, message: str, **headers: str) -> JsonResponse
 @require_POST
 def otlp_traces(request: HttpRequest) -> HttpResponse:
     """OTLP/HTTP `POST /v1/traces`: protobuf or JSON, gzip allowed, tenant token."""
-    parts = request.headers.get("Authorization", "").split()
-    token = None
-    if len(parts) == 2 and parts[0].lower() == "bearer":
-        token = controlplane_selectors.api_token_by_secret(secret=parts[1])
-    if token is None or not token.user.is_active:
+    try:
+        token = bearer_authenticate(
+            header=request.headers.get("Authorization"),
+            remote_addr=request.META.get("REMOTE_ADDR"),
+        )
+    except TooManyFailures as exc:
+        return _error(
+            429, exc.code, exc.message, **{"Retry-After": str(exc.retry_after)}
+        )
+    except AuthenticationRefused as exc:
+        return _error(
+            401, exc.code, exc.message, **{"WWW-Authenticate": 'Bearer realm="otlp"'}
+        )
+    if token is None:
         return _error(
             401,
             "unauthenticated",
@@ -178,8 +191,9 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
             **{"WWW-Authenticate": 'Bearer realm="otlp"'},
         )
     context = tenant_context_for(user=token.user, token=token)
-    if context is None or not context.has_role(Role.ADMIN, Role.OPERATOR):
+    if not context_may(context, Action.TRACE_INGEST):
         return _error(403, "forbidden", "the token's user may not write traces")
+    assert context is not None
     limit = settings.OTLP_INGEST_MAX_BYTES
     declared = request.headers.get("Content-Length") or "0"
     if declared.isdigit() and int(declared) > limit:

@@ -19,6 +19,12 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from controlplane.authentication import (
+    StreamPrincipal,
+    TooManyFailures,
+    tenant_context_current,
+)
+from controlplane.permissions import Action, context_may
 from controlplane.tenancy import SESSION_TENANT_KEY, TenantContext, tenant_context_for
 from tracing import selectors
 from tracing.services import event_message, run_group, tenant_group
@@ -32,6 +38,7 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_SLOW_CLIENT = 4408
+CLOSE_TOO_MANY_FAILURES = 4429
 
 REPLAY_PAGE = 500
 
@@ -60,6 +67,27 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
 
     cursor_name = "after_seq"
     context: TenantContext | None = None
+
+    async def _authorize(self) -> bool:
+        """Resolve the caller through the one authenticator and permission gate;
+        refuse (and return False) unless they may read this stream."""
+        refusal = self.scope.get("auth_refusal")
+        if refusal is not None:
+            code = (
+                CLOSE_TOO_MANY_FAILURES
+                if isinstance(refusal, TooManyFailures)
+                else CLOSE_UNAUTHENTICATED
+            )
+            await self._refuse(code, refusal.message)
+            return False
+        self.context = await self._tenant_context()
+        if self.context is None:
+            await self._refuse(CLOSE_UNAUTHENTICATED, "sign in or send an API token")
+            return False
+        if not context_may(self.context, Action.STREAM_READ):
+            await self._refuse(CLOSE_FORBIDDEN, "your role may not read streams")
+            return False
+        return True
 
     async def _tenant_context(self) -> TenantContext | None:
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
@@ -112,9 +140,11 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.closing = False
         self.sender = asyncio.create_task(self._send_loop())
         self.heart = asyncio.create_task(self._heartbeat_loop())
+        self.guard = asyncio.create_task(self._principal_loop())
 
     async def _stop_pumps(self) -> None:
-        for task in (getattr(self, "sender", None), getattr(self, "heart", None)):
+        tasks = ("sender", "heart", "guard")
+        for task in (getattr(self, name, None) for name in tasks):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -132,6 +162,52 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
 
     async def _on_heartbeat(self) -> None:
         await self._enqueue({"type": "heartbeat"})
+
+    async def _principal_loop(self) -> None:
+        """Ask again, every few seconds, whether the caller still may read: a
+        revoked token, a deactivated user or a removed membership ends the
+        stream (whatever path made the change, the admin site included)."""
+        assert self.context is not None
+        principal = StreamPrincipal(
+            user_id=self.context.user.pk,
+            tenant_id=self.context.tenant.id,
+            token_id=self.context.token.id if self.context.token else None,
+        )
+        while True:
+            await asyncio.sleep(settings.STREAM_AUTH_RECHECK_SECONDS)
+            try:
+                current = await database_sync_to_async(tenant_context_current)(
+                    principal=principal, action=Action.STREAM_READ
+                )
+            except Exception:
+                # Fail closed: a stream whose caller cannot be checked ends; the
+                # client reconnects and is authenticated afresh.
+                logger.exception("could not re-check a stream's caller")
+                current = None
+            if current is None:
+                await self._end_access()
+                return
+            self.context = current
+
+    async def _end_access(self) -> None:
+        # Nothing more reaches this socket: leave the group, drop what is
+        # queued, then say why and close.
+        self.closing = True
+        await self.channel_layer.group_discard(self.group, self.channel_name)
+        self.sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.sender
+        while not self.queue.empty():  # frees a replay waiting for room
+            self.queue.get_nowait()
+        await self.send_json(
+            {
+                "type": "error",
+                "code": CLOSE_UNAUTHENTICATED,
+                "message": "access ended: the token was revoked, the user "
+                "deactivated or the membership removed",
+            }
+        )
+        await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def _enqueue(self, frame: dict[str, Any], *, wait: bool = False) -> bool:
         """Queue a frame; a client too slow to keep up with live events is
@@ -190,10 +266,9 @@ class RunStreamConsumer(_StreamConsumer):
         self.run: Any = None
         self.last_seq: int | None = None  # None until the client says where it is
         self.pending: dict[int, dict[str, Any]] = {}
-        self.context = await self._tenant_context()
-        if self.context is None:
-            await self._refuse(CLOSE_UNAUTHENTICATED, "sign in or send an API token")
+        if not await self._authorize():
             return
+        assert self.context is not None
         run_id = self.scope["url_route"]["kwargs"]["run_id"]
         self.run = await database_sync_to_async(selectors.run_for_tenant)(
             tenant=self.context.tenant, run_id=run_id
@@ -292,10 +367,9 @@ class TenantStreamConsumer(_StreamConsumer):
 
     async def connect(self) -> None:
         self.last_id: int | None = None
-        self.context = await self._tenant_context()
-        if self.context is None:
-            await self._refuse(CLOSE_UNAUTHENTICATED, "sign in or send an API token")
+        if not await self._authorize():
             return
+        assert self.context is not None
         try:
             start = self._query_cursor()
         except BadMessage as exc:

@@ -40,7 +40,7 @@ def secret_for() -> Any:
 
 
 def communicator(path: str, secret: str | None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://testserver")]
+    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
     if secret:
         headers.append((b"authorization", f"Bearer {secret}".encode()))
     return WebsocketCommunicator(application, path, headers=headers)
