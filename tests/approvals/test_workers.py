@@ -252,4 +252,4 @@ def test_a_replacement_approved_after_a_full_refund_is_not_shipped(
     assert "refunded in full" in said
     # The evaluator checks the shop, not the model's word: no false success.
     assert run.status == Run.Status.FAILED, (run.status, run.stop_detail)
-    assert "found 0" in run.evaluation["reason"]
+    assert "no replacement was shipped" in run.evaluation["reason"]
