@@ -250,6 +250,6 @@ def test_a_replacement_approved_after_a_full_refund_is_not_shipped(
     said = tool_message(run, "call_replace")
     assert "its precondition no longer holds" in said
     assert "refunded in full" in said
-    # The evaluator checks the shop, not the model's word: no false success.
+    # The evaluator judges the recorded results, not the model's word.
     assert run.status == Run.Status.FAILED, (run.status, run.stop_detail)
     assert "no replacement was shipped" in run.evaluation["reason"]
