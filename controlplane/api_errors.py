@@ -123,9 +123,7 @@ def _exception_response(request: HttpRequest, exc: Exception) -> JsonResponse:
         return _json_error(403, "forbidden", "You may not do this.")
     if isinstance(exc, SuspiciousOperation):
         return _json_error(400, "bad_request", "The request was refused as malformed.")
-    logger.error(
-        "unhandled error on %s %s", request.method, request.path, exc_info=exc
-    )
+    logger.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
     return _json_error(500, "internal_error", "Internal error.")
 
 

@@ -22,7 +22,7 @@ from controlplane.tenancy import ApiTokenAuthentication
 class ErrorDetailSerializer(serializers.Serializer[Any]):
     code = serializers.CharField(help_text="machine-readable, e.g. invalid")
     message = serializers.CharField(help_text="what went wrong and what to fix")
-    fields = serializers.DictField(
+    fields = serializers.DictField(  # type: ignore[assignment]  # the error field
         required=False,
         child=serializers.JSONField(),
         help_text="per field or parameter: what is wrong with it (code invalid)",
@@ -56,7 +56,9 @@ class ApiAutoSchema(AutoSchema):
         responses = operation["responses"]
         for code in sorted(self._error_codes(operation)):
             if code not in responses:
-                response = self._get_response_for_code(ErrorSerializer, code)
+                response = self._get_response_for_code(  # type: ignore[no-untyped-call]
+                    ErrorSerializer, code
+                )
                 response["description"] = _DESCRIPTIONS[code]
                 responses[code] = response
         return operation

@@ -113,7 +113,9 @@ def test_every_operation_answers_as_the_schema_says(live_api: LiveApi) -> None:
 
 
 def test_the_schema_documents_bearer_auth_paging_and_errors(live_api: LiveApi) -> None:
-    document = requests.get(f"{live_api.url}/api/schema/?format=json", timeout=30).json()
+    document = requests.get(
+        f"{live_api.url}/api/schema/?format=json", timeout=30
+    ).json()
     scheme = document["components"]["securitySchemes"]["bearerAuth"]
     assert scheme == {
         "type": "http",

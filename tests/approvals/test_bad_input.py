@@ -117,7 +117,9 @@ def test_deeply_nested_json_is_a_400_on_run_start_and_decide(
     error = error_of(post_raw(admin_api, "/api/v1/runs/", body), 400)
     assert "nests" in error["message"] and "64" in error["message"], error
     runs_before = Run.objects.count()
-    decide = json.dumps({"decision": "approve", "args": "@"}).replace('"@"', deep(levels))
+    decide = json.dumps({"decision": "approve", "args": "@"}).replace(
+        '"@"', deep(levels)
+    )
     path = f"/api/v1/approvals/{pending.id}/decide/"
     error = error_of(post_raw(admin_api, path, decide), 400)
     assert "nests" in error["message"], error
@@ -130,7 +132,9 @@ def test_nesting_up_to_the_bound_reaches_the_view(
 ) -> None:
     # 64 levels with the body object: parsed, then refused by the view's own check.
     body = json.dumps({"agent": demo_agent.slug, "input": "hi", "limits": "@"})
-    error = error_of(post_raw(admin_api, "/api/v1/runs/", body.replace('"@"', deep(63))), 400)
+    error = error_of(
+        post_raw(admin_api, "/api/v1/runs/", body.replace('"@"', deep(63))), 400
+    )
     assert "limits" in error["fields"], error
     assert Run.objects.count() == 0
 
@@ -165,7 +169,9 @@ def test_nul_characters_are_refused_everywhere_and_nothing_is_stored(
 ) -> None:
     rules_before = ApprovalPolicyRule.objects.count()
     rule = {"name": "evil\u0000rule", "tool": "refund", "action": "deny"}
-    error = error_of(admin_api.post("/api/v1/approval-rules/", rule, format="json"), 400)
+    error = error_of(
+        admin_api.post("/api/v1/approval-rules/", rule, format="json"), 400
+    )
     assert "NUL" in error["message"]
     assert ApprovalPolicyRule.objects.count() == rules_before
 

@@ -37,9 +37,7 @@ def otlp_body() -> bytes:
         "startTimeUnixNano": "1700000000000000000",
         "endTimeUnixNano": "1700000001000000000",
     }
-    return json.dumps(
-        {"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}
-    ).encode()
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
 
 
 def assert_json_error(response: Any, status: int, code: str) -> dict[str, Any]:
