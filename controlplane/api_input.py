@@ -111,39 +111,56 @@ def query_params(
 
 
 class BoundedPagination(LimitOffsetPagination):
-    """limit/offset paging that refuses values it cannot serve (400).
+    """limit/offset paging that refuses what it cannot serve (400).
 
     DRF's own falls back to defaults for junk but passes a huge offset or limit to
-    the database, which overflows (a 500 on SQLite and PostgreSQL alike).
+    the database, which overflows (a 500 on SQLite and PostgreSQL alike). A limit
+    above `max_limit` is served as `max_limit`, as DRF does (the pages' "more"
+    buttons grow the limit); an offset is refused past 2**31 - 1.
     """
 
     max_limit = 1000
     max_offset = 2**31 - 1
 
     def get_limit(self, request: Request) -> int:
-        return self._bounded(request, self.limit_query_param, 1, self.max_limit)
+        value = self._integer(request, self.limit_query_param, minimum=1)
+        return int(self.default_limit or 1) if value is None else value
 
     def get_offset(self, request: Request) -> int:
-        return self._bounded(request, self.offset_query_param, 0, self.max_offset)
+        value = self._integer(request, self.offset_query_param, minimum=0)
+        if value is not None and value > self.max_offset:
+            raise ValidationError(
+                {self.offset_query_param: [f"at most {self.max_offset}"]}
+            )
+        return value or 0
 
-    def _bounded(self, request: Request, name: str, low: int, high: int) -> int:
+    def _integer(self, request: Request, name: str, *, minimum: int) -> int | None:
+        """The parameter as an int (None when absent); limits are capped here."""
         raw = request.query_params.get(name)
         if raw is None or raw == "":
-            return int(self.default_limit or 1) if name == self.limit_query_param else 0
-        value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 20 else -1
-        if not low <= value <= high:
-            raise ValidationError({name: [f"an integer from {low} to {high}"]})
+            return None
+        refusal = ValidationError({name: [f"an integer of at least {minimum}"]})
+        if not (raw.isascii() and raw.isdigit()):
+            raise refusal
+        digits = raw.lstrip("0") or "0"
+        # Past 20 digits both bounds are exceeded (and int() of thousands is slow).
+        value = int(digits) if len(digits) <= 20 else 10**20
+        if value < minimum:
+            raise refusal
+        if name == self.limit_query_param:
+            return min(value, int(self.max_limit or value))
         return value
 
     def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
         parameters = super().get_schema_operation_parameters(view)
-        bounds = {
-            self.limit_query_param: (1, self.max_limit),
-            self.offset_query_param: (0, self.max_offset),
-        }
         for parameter in parameters:
-            low, high = bounds[parameter["name"]]
-            parameter["schema"].update(minimum=low, maximum=high)
+            if parameter["name"] == self.limit_query_param:
+                parameter["schema"]["minimum"] = 1
+                parameter["description"] = (
+                    f"Results per page; above {self.max_limit}, {self.max_limit}."
+                )
+            else:
+                parameter["schema"].update(minimum=0, maximum=self.max_offset)
         return parameters
 
 

@@ -59,7 +59,7 @@ def assert_still_pending(approval: ApprovalRequest) -> None:
         ("/api/v1/audit/?object_id=" + "x" * 65, "object_id"),
         ("/api/v1/runs/?limit=abc", "limit"),
         ("/api/v1/runs/?limit=0", "limit"),
-        ("/api/v1/approvals/?limit=100000000000000000000", "limit"),
+        ("/api/v1/approvals/?limit=-5", "limit"),
         ("/api/v1/audit/?offset=100000000000000000000", "offset"),
         ("/api/v1/runs/?offset=-1", "offset"),
         ("/api/v1/audit/?action=run.start%00", "action"),
@@ -72,6 +72,15 @@ def test_a_bad_list_filter_is_a_400_naming_the_parameter(
     error = error_of(admin_api.get(query), 400)
     assert error["code"] == "invalid"
     assert parameter in error["fields"], error
+
+
+def test_a_limit_above_the_maximum_is_served_as_the_maximum(
+    demo_agent: Any, admin_api: Any
+) -> None:
+    for limit in ("5000", "100000000000000000000000"):
+        page = admin_api.get(f"/api/v1/runs/?limit={limit}")
+        assert page.status_code == 200, page.content
+        assert page.json()["count"] == 0
 
 
 def test_a_valid_run_filter_on_approvals_still_filters(
