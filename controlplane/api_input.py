@@ -49,9 +49,7 @@ def json_nesting_depth(text: str) -> int:
     return max(accumulate(map(sub, skeleton, repeat(1))), default=0)
 
 
-def json_document_load(
-    data: bytes | str, *, max_depth: int, refuse_nul: bool = True
-) -> Any:
+def json_document_load(data: bytes | str, *, max_depth: int) -> Any:
     """Decode a JSON document whose nesting was checked first.
 
     Raises JsonDocumentError (a ValueError) naming what is wrong.
@@ -66,7 +64,7 @@ def json_document_load(
             f"the JSON document nests {depth} levels deep; at most {max_depth} "
             "are accepted"
         )
-    if refuse_nul and "\\u0000" in text and _NUL_ESCAPE.search(text):
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise JsonDocumentError(
             "a string in the JSON document contains a NUL character (\\u0000); "
             "remove it"

@@ -1,6 +1,6 @@
 """Bad input is a 4xx JSON error naming the problem, never a 500, and writes
 nothing: list filters, oversized bodies, deep nesting and NUL characters, through
-the real HTTP entry points."""
+the real HTTP entry points. (/v1/traces has its own: tests/tracing.)"""
 
 from __future__ import annotations
 
@@ -8,14 +8,11 @@ import json
 from typing import Any
 
 import pytest
-from django.test import Client
 
 from approvals.models import ApprovalDecision, ApprovalPolicyRule, ApprovalRequest
 from controlplane.models import AuditEvent
-from controlplane.services import api_token_issue
 from runs.models import Run
 from tests.approvals.conftest import REFUND_ARGS, call, script_of
-from tracing.models import Span
 
 FIFTY_MB = 50 * 1024 * 1024
 
@@ -154,23 +151,6 @@ def test_brackets_inside_strings_do_not_count_as_nesting(
     rule = {"name": "[{" * 50, "tool": "refund", "action": "deny"}
     response = admin_api.post("/api/v1/approval-rules/", rule, format="json")
     assert response.status_code == 201, response.content
-
-
-def test_deeply_nested_otlp_json_is_a_400_and_stores_nothing(
-    tenant: Any, admin_user: Any
-) -> None:
-    secret = api_token_issue(tenant=tenant, user=admin_user).secret
-    body = '{"resourceSpans": ' + deep(100_000) + "}"
-    response = Client().post(
-        "/v1/traces",
-        body,
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {secret}",
-    )
-    error = error_of(response, 400)
-    assert "nests" in error["message"], error
-    assert not Span.objects.exists()
-    assert not Run.objects.exists()
 
 
 def test_nul_characters_are_refused_everywhere_and_nothing_is_stored(
