@@ -6,10 +6,6 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from controlplane import api, health, views
 from tracing import api as tracing_api
 
-# JSON on /api/ and /v1/ when DEBUG is off (controlplane.api_errors).
-handler404 = "controlplane.api_errors.page_not_found"
-handler500 = "controlplane.api_errors.server_error"
-
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", health.healthz, name="healthz"),
@@ -37,3 +33,7 @@ urlpatterns = [
     path("api/v1/", include("controlplane.budget_urls")),
     path("", include("frontend.urls")),
 ]
+
+# JSON on /api/ and /v1/ when DEBUG is off (controlplane.api_errors).
+handler404 = "controlplane.api_errors.page_not_found"
+handler500 = "controlplane.api_errors.server_error"
