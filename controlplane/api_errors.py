@@ -138,22 +138,27 @@ class ApiErrorMiddleware(MiddlewareMixin):
     middleware and Django's own handlers make (Django's debug pages included).
     """
 
-    def process_request(self, request: HttpRequest) -> HttpResponse | None:
+    def process_view(
+        self,
+        request: HttpRequest,
+        view: Callable[..., HttpResponse],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> HttpResponse | None:
         if not is_json_path(request.path_info):
             return None
         # A NUL in a query parameter would reach a filter: SQLite matches it,
-        # PostgreSQL refuses the statement (a 500). Refused for every endpoint.
+        # PostgreSQL refuses the statement (a 500). Refused for every endpoint,
+        # here rather than in process_request so the answer still passes through
+        # the other middleware (security headers).
         for name, values in request.GET.lists():
             if "\x00" in name or any("\x00" in value for value in values):
+                shown = name.replace("\x00", "\\u0000")
                 return JsonResponse(
                     error_body(
                         "invalid",
                         "The request is invalid; see fields.",
-                        fields={
-                            name.replace("\x00", "\\u0000"): [
-                                "Null characters are not allowed."
-                            ]
-                        },
+                        fields={shown: ["Null characters are not allowed."]},
                     ),
                     status=400,
                 )
@@ -183,9 +188,11 @@ class ApiErrorMiddleware(MiddlewareMixin):
             else f"{response.reason_phrase}."
         )
         replacement = _json_error(response.status_code, code, message)
-        for header in ("Allow", "WWW-Authenticate", "Retry-After"):
-            if header in response:
-                replacement[header] = response[header]
+        # Keep what the other middleware added (security headers, Allow, cookies).
+        for header, value in response.items():
+            if not header.lower().startswith("content-"):
+                replacement[header] = value
+        replacement.cookies = response.cookies
         return replacement
 
 

@@ -135,6 +135,7 @@ def test_error_pages_on_api_and_otlp_paths_are_json_whatever_debug_says(
     response = getattr(client, method)(path, HTTP_HOST=host)
     assert_json_error(response, status, code)
     assert "SECRET_KEY" not in response.content.decode()
+    assert response["X-Content-Type-Options"] == "nosniff"  # the other middleware's
     if status == 405:
         assert response["Allow"] == "POST"
 
