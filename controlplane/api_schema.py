@@ -15,8 +15,7 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
-
-from controlplane.tenancy import ApiTokenAuthentication
+from rest_framework.settings import api_settings
 
 
 class ErrorDetailSerializer(serializers.Serializer[Any]):
@@ -80,9 +79,10 @@ class ApiAutoSchema(AutoSchema):
 
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
-    """`Authorization: Bearer <token>` (controlplane.tenancy.ApiTokenAuthentication)."""
+    """`Authorization: Bearer <token>`: the first of REST_FRAMEWORK's authenticators
+    (taken from the settings, so the schema follows it wherever it lives)."""
 
-    target_class = ApiTokenAuthentication
+    target_class = api_settings.DEFAULT_AUTHENTICATION_CLASSES[0]
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:
