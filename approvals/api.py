@@ -6,16 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals import rules, selectors, services
 from approvals.models import ApprovalRequest, TenantApprovalSettings
+from controlplane.api_input import BoundedPagination, query_params
+from controlplane.api_schema import ErrorDetailSerializer
 from controlplane.models import Role
 from controlplane.tenancy import IsTenantMember, role_required, tenant_of
 from tracing.redaction import ArgsDigestField, RedactedCharField, RedactedJSONField
@@ -86,29 +87,39 @@ class ApprovalSerializer(serializers.Serializer[Any]):
         return approval.tool_name
 
 
+class ApprovalConflictDetailSerializer(ErrorDetailSerializer):
+    approval = ApprovalSerializer()
+
+
+class ApprovalConflictSerializer(serializers.Serializer[Any]):
+    """409: already decided; `approval` is as it is now."""
+
+    error = ApprovalConflictDetailSerializer()
+
+
 class ApprovalListApi(APIView):
     permission_classes = [IsTenantMember]
+    pagination_class = BoundedPagination
+
+    class ApprovalListQuerySerializer(serializers.Serializer[Any]):
+        status = serializers.ChoiceField(
+            choices=ApprovalRequest.Status.values, required=False, allow_blank=True
+        )
+        run = serializers.UUIDField(required=False, help_text="a run's id")
 
     @extend_schema(
-        parameters=[
-            OpenApiParameter("status", str, enum=ApprovalRequest.Status.values),
-            OpenApiParameter("run", str),
-        ],
+        parameters=[ApprovalListQuerySerializer],
         responses=ApprovalSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
         context = tenant_of(request)
-        wanted = request.query_params.get("status") or None
-        if wanted is not None and wanted not in ApprovalRequest.Status.values:
-            raise ValidationError(
-                {"status": [f"one of {', '.join(ApprovalRequest.Status.values)}"]}
-            )
+        wanted = query_params(request, self.ApprovalListQuerySerializer)
         approvals = selectors.approval_list_for(
             tenant=context.tenant,
-            status=wanted,
-            run_id=request.query_params.get("run") or None,
+            status=wanted.get("status"),
+            run_id=wanted.get("run"),
         ).prefetch_related("decisions__user")
-        paginator = LimitOffsetPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(approvals, request, view=self)
         return paginator.get_paginated_response(
             ApprovalSerializer(page, many=True).data
@@ -142,7 +153,7 @@ class ApprovalDecideApi(APIView):
 
     @extend_schema(
         request=DecideInputSerializer,
-        responses={200: ApprovalSerializer, 409: ApprovalSerializer},
+        responses={200: ApprovalSerializer, 409: ApprovalConflictSerializer},
     )
     def post(self, request: Request, approval_id: str) -> Response:
         context = tenant_of(request)
@@ -348,25 +359,32 @@ class AuditListApi(APIView):
     """The tenant's audit log, newest first (admins only)."""
 
     permission_classes = [role_required(Role.ADMIN)]
+    pagination_class = BoundedPagination
+
+    class AuditListQuerySerializer(serializers.Serializer[Any]):
+        # An empty value means no filter, as it always has.
+        action = serializers.CharField(required=False, allow_blank=True, max_length=64)
+        object_type = serializers.CharField(
+            required=False, allow_blank=True, max_length=64
+        )
+        object_id = serializers.CharField(
+            required=False, allow_blank=True, max_length=64
+        )
 
     @extend_schema(
-        parameters=[
-            OpenApiParameter("action", str),
-            OpenApiParameter("object_type", str),
-            OpenApiParameter("object_id", str),
-        ],
+        parameters=[AuditListQuerySerializer],
         responses=AuditEventSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
         context = tenant_of(request)
-        params = request.query_params
+        wanted = query_params(request, self.AuditListQuerySerializer)
         events = selectors.audit_events_for(
             tenant=context.tenant,
-            action=params.get("action") or None,
-            object_type=params.get("object_type") or None,
-            object_id=params.get("object_id") or None,
+            action=wanted.get("action") or None,
+            object_type=wanted.get("object_type") or None,
+            object_id=wanted.get("object_id") or None,
         )
-        paginator = LimitOffsetPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(events, request, view=self)
         return paginator.get_paginated_response(
             AuditEventSerializer(page, many=True).data

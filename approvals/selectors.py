@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.db.models import QuerySet
 
 from approvals.models import ApprovalPolicyRule, ApprovalRequest
@@ -9,7 +11,10 @@ from controlplane.models import AuditEvent, Tenant
 
 
 def approval_list_for(
-    *, tenant: Tenant, status: str | None = None, run_id: str | None = None
+    *,
+    tenant: Tenant,
+    status: str | None = None,
+    run_id: str | uuid.UUID | None = None,
 ) -> QuerySet[ApprovalRequest]:
     approvals = ApprovalRequest.objects.filter(tenant=tenant)
     if status:

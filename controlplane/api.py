@@ -16,14 +16,14 @@ from controlplane.tenancy import tenant_of
 
 
 class MeApi(APIView):
-    class OutputSerializer(serializers.Serializer[Any]):
+    class MeSerializer(serializers.Serializer[Any]):
         username = serializers.CharField()
         tenant = serializers.CharField()
         role = serializers.CharField()
         tenants = serializers.ListField(child=serializers.DictField())
         auth = serializers.CharField()
 
-    @extend_schema(responses=OutputSerializer)
+    @extend_schema(responses=MeSerializer)
     def get(self, request: Request) -> Response:
         context = tenant_of(request)
         memberships = selectors.memberships_of(user=context.user)
@@ -37,7 +37,7 @@ class MeApi(APIView):
             ],
             "auth": "token" if context.token else "session",
         }
-        return Response(self.OutputSerializer(data).data)
+        return Response(self.MeSerializer(data).data)
 
 
 class TokenOutputSerializer(serializers.Serializer[Any]):
@@ -49,8 +49,14 @@ class TokenOutputSerializer(serializers.Serializer[Any]):
     revoked_at = serializers.DateTimeField(allow_null=True)
 
 
+class TokenIssuedSerializer(TokenOutputSerializer):
+    token = serializers.CharField(help_text="the secret; shown this once only")
+
+
 class TokenListApi(APIView):
-    class InputSerializer(serializers.Serializer[Any]):
+    # Named for the schema: two nested "InputSerializer"s made one "Input"
+    # component, and this endpoint was documented with the run's required fields.
+    class TokenIssueInputSerializer(serializers.Serializer[Any]):
         name = serializers.CharField(max_length=100, required=False, default="")
 
     @extend_schema(responses=TokenOutputSerializer(many=True))
@@ -59,10 +65,12 @@ class TokenListApi(APIView):
         tokens = selectors.api_tokens_for(tenant=context.tenant, user=context.user)
         return Response(TokenOutputSerializer(tokens, many=True).data)
 
-    @extend_schema(request=InputSerializer, responses={201: TokenOutputSerializer})
+    @extend_schema(
+        request=TokenIssueInputSerializer, responses={201: TokenIssuedSerializer}
+    )
     def post(self, request: Request) -> Response:
         context = tenant_of(request)
-        body = self.InputSerializer(data=request.data)
+        body = self.TokenIssueInputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         issued = services.api_token_issue(
             tenant=context.tenant, user=context.user, name=body.validated_data["name"]

@@ -6,4 +6,5 @@ class ControlplaneConfig(AppConfig):
     verbose_name = "Control plane"
 
     def ready(self) -> None:
-        from controlplane import checks  # noqa: F401  (registers the system checks)
+        # Registers the system checks, and the schema's bearer token scheme.
+        from controlplane import api_schema, checks  # noqa: F401

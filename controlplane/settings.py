@@ -69,6 +69,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: it turns every error on /api/ and /v1/ into JSON, Django's own pages
+    # (the DEBUG ones included) and other middleware's refusals too.
+    "controlplane.api_errors.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -291,15 +294,27 @@ if DEBUG:
     # In development static files come from the finders; no collectstatic needed.
     warnings.filterwarnings("ignore", message="No directory at")
 
+# Django refuses larger bodies when `request.body` is read (DRF reads JSON through
+# it); the API answers 413 (controlplane.api_errors). OTLP ingest has its own cap.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.integer(
+    "API_MAX_BODY_BYTES",
+    2_621_440,
+    minimum=1024,
+    help="Largest request body the API and the pages accept (larger: 413).",
+)
+
 REST_FRAMEWORK = {
+    # The API speaks JSON only, parsed with bounded nesting and no NUL characters.
+    "DEFAULT_PARSER_CLASSES": ["controlplane.api_input.BoundedJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "controlplane.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.tenancy.IsTenantMember"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.api_schema.ApiAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api_errors.api_exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.api_input.BoundedPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }

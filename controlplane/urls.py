@@ -42,3 +42,7 @@ urlpatterns = [
     path("api/v1/", include("controlplane.budget_urls")),
     path("", include("frontend.urls")),
 ]
+
+# JSON on /api/ and /v1/ when DEBUG is off (controlplane.api_errors).
+handler404 = "controlplane.api_errors.page_not_found"
+handler500 = "controlplane.api_errors.server_error"

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from django.conf import settings
+from django.core.validators import RegexValidator
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.api_input import BoundedPagination, query_params
+from controlplane.api_schema import ErrorDetailSerializer
 from controlplane.budget_services import run_usage_against_caps
 from controlplane.permissions import Action, action_required
 from controlplane.tenancy import tenant_of
@@ -87,11 +90,44 @@ class RunDetailSerializer(RunSerializer):
     step_rows = StepSerializer(many=True, source="step_rows.all")
 
 
+class RunConflictDetailSerializer(ErrorDetailSerializer):
+    run = RunSerializer()
+
+
+class RunConflictSerializer(serializers.Serializer[Any]):
+    """409: the run is not in a state that allows it; `run` is as it is now."""
+
+    error = RunConflictDetailSerializer()
+
+
+def _input_field() -> serializers.CharField:
+    # The schema says what run_start refuses: blank input (pattern) and more than
+    # RUN_MAX_INPUT_CHARS characters (read when the serializer is built).
+    return serializers.CharField(
+        trim_whitespace=False,
+        max_length=settings.RUN_MAX_INPUT_CHARS,
+        validators=[RegexValidator(r"\S", message="the input is blank")],
+    )
+
+
 class RunListApi(APIView):
-    class InputSerializer(serializers.Serializer[Any]):
+    pagination_class = BoundedPagination
+
+    class RunListQuerySerializer(serializers.Serializer[Any]):
+        # An empty value means no filter, as it always has.
+        status = serializers.ChoiceField(
+            choices=Run.Status.values, required=False, allow_blank=True
+        )
+        agent = serializers.SlugField(max_length=64, required=False, allow_blank=True)
+
+    class RunStartInputSerializer(serializers.Serializer[Any]):
         agent = serializers.SlugField(max_length=64)
-        input = serializers.CharField(trim_whitespace=False, allow_blank=False)
+        input = serializers.CharField()  # replaced per instance: _input_field()
         limits = serializers.DictField(required=False, default=dict)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.fields["input"] = _input_field()
 
     def get_permissions(self) -> list[Any]:
         if self.request.method == "POST":
@@ -99,32 +135,26 @@ class RunListApi(APIView):
         return [action_required(Action.RUN_READ)()]
 
     @extend_schema(
-        parameters=[
-            OpenApiParameter("status", str, enum=Run.Status.values),
-            OpenApiParameter("agent", str),
-        ],
-        responses=RunSerializer(many=True),
+        parameters=[RunListQuerySerializer], responses=RunSerializer(many=True)
     )
     def get(self, request: Request) -> Response:
         context = tenant_of(request)
-        status_filter = request.query_params.get("status")
-        if status_filter and status_filter not in Run.Status.values:
-            raise ValidationError(
-                {"status": [f"unknown status; one of {', '.join(Run.Status.values)}"]}
-            )
+        wanted = query_params(request, self.RunListQuerySerializer)
         runs = selectors.run_list_for(
             tenant=context.tenant,
-            status=status_filter,
-            agent=request.query_params.get("agent"),
+            status=wanted.get("status"),
+            agent=wanted.get("agent"),
         )
-        paginator = LimitOffsetPagination()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(runs, request, view=self)
         return paginator.get_paginated_response(RunSerializer(page, many=True).data)
 
-    @extend_schema(request=InputSerializer, responses={201: RunDetailSerializer})
+    @extend_schema(
+        request=RunStartInputSerializer, responses={201: RunDetailSerializer}
+    )
     def post(self, request: Request) -> Response:
         context = tenant_of(request)
-        body = self.InputSerializer(data=request.data)
+        body = self.RunStartInputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
             run = services.run_start(
@@ -158,7 +188,9 @@ class RunDetailApi(APIView):
 class RunCancelApi(APIView):
     permission_classes = [action_required(Action.RUN_CANCEL)]
 
-    @extend_schema(request=None, responses={200: RunSerializer, 409: RunSerializer})
+    @extend_schema(
+        request=None, responses={200: RunSerializer, 409: RunConflictSerializer}
+    )
     def post(self, request: Request, run_id: str) -> Response:
         run = _run_or_404(request, run_id)
         try:
