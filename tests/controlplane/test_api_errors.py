@@ -146,4 +146,3 @@ def test_pages_outside_the_api_keep_their_html_error_pages(
     response = Client().get("/no-such-page/")
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
-
