@@ -4,6 +4,7 @@ retention (docs/data.md). Deleting a run is `DELETE /api/v1/runs/<id>/`."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -40,9 +41,12 @@ class _FormatIsTheExportsOwn(DefaultContentNegotiation):
     (whose URL override would answer an unknown renderer with 404)."""
 
     def select_renderer(
-        self, request: Request, renderers: list[BaseRenderer], format_suffix: Any = None
+        self,
+        request: Request,
+        renderers: Iterable[BaseRenderer],
+        format_suffix: str | None = None,
     ) -> tuple[BaseRenderer, str]:
-        renderer = renderers[0]
+        renderer = next(iter(renderers))
         return renderer, renderer.media_type
 
 
@@ -96,8 +100,7 @@ class RunExportApi(APIView):
     permission_classes = [action_required(Action.RUN_READ)]
     content_negotiation_class = _FormatIsTheExportsOwn
     renderer_classes = [JSONRenderer]
-    # Set by the URL: `/export.otlp.json` is the OTLP export without a query.
-    fixed_format: str | None = None
+    fixed_format: str | None = None  # set by the `/export.otlp.json` view
 
     @extend_schema(
         parameters=[
@@ -189,3 +192,18 @@ class RetentionApi(APIView):
             remote_addr=request.META.get("REMOTE_ADDR") or None,
         )
         return Response(_retention_body(context))
+
+
+class RunExportOtlpApi(RunExportApi):
+    """`/export.otlp.json`: the OTLP export, for clients that cannot add a query."""
+
+    fixed_format = "otlp"
+
+    @extend_schema(
+        operation_id="v1_runs_export_otlp_retrieve",
+        responses={200: OpenApiTypes.OBJECT},
+        description="The run's spans as an OTLP ExportTraceServiceRequest in its "
+        "JSON encoding (the same as `export/?format=otlp`).",
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        return super().get(request, run_id)

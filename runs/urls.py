@@ -16,7 +16,7 @@ urlpatterns = [
     ),
     path(
         "runs/<str:run_id>/export.otlp.json",
-        data_api.RunExportApi.as_view(fixed_format="otlp"),
+        data_api.RunExportOtlpApi.as_view(),
         name="api-run-export-otlp",
     ),
     path("retention/", data_api.RetentionApi.as_view(), name="api-retention"),
