@@ -190,6 +190,8 @@ class RunDetailApi(APIView):
                 actor=tenant_of(request).user,
                 remote_addr=request.META.get("REMOTE_ADDR") or None,
             )
+        except Run.DoesNotExist:
+            raise NotFound("No such run in this tenant.") from None
         except services.RunConflict as exc:
             return Response(
                 {

@@ -11,10 +11,12 @@ into the attributes they were split from.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tracing.ingest.otlp import ATTRIBUTE_MAX_DEPTH
 from tracing.models import Span
 
 __all__ = ["any_value", "otlp_trace_request"]
@@ -40,8 +42,12 @@ def _iso_nanos(value: Any) -> str:
         return "0"
 
 
-def any_value(value: Any) -> dict[str, Any]:
-    """A Python value as an OTLP AnyValue (JSON encoding); None is the empty one."""
+def any_value(value: Any, depth: int = 1) -> dict[str, Any]:
+    """A Python value as an OTLP AnyValue (JSON encoding); None is the empty one.
+
+    A structure nested deeper than OTLP ingest reads (`ATTRIBUTE_MAX_DEPTH`)
+    is sent from there on as its JSON text, so the export is always readable.
+    """
     if value is None:
         return {}
     if isinstance(value, bool):
@@ -56,16 +62,19 @@ def any_value(value: Any) -> dict[str, Any]:
         return {"stringValue": str(value)}
     if isinstance(value, str):
         return {"stringValue": value}
+    if isinstance(value, (Mapping, list, tuple)) and depth >= ATTRIBUTE_MAX_DEPTH:
+        return {"stringValue": json.dumps(value, ensure_ascii=False, default=str)}
     if isinstance(value, Mapping):
-        return {"kvlistValue": {"values": _key_values(value)}}
+        return {"kvlistValue": {"values": _key_values(value, depth + 1)}}
     if isinstance(value, (list, tuple)):
-        return {"arrayValue": {"values": [any_value(item) for item in value]}}
+        return {"arrayValue": {"values": [any_value(v, depth + 1) for v in value]}}
     return {"stringValue": str(value)}
 
 
-def _key_values(values: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _key_values(values: Mapping[str, Any], depth: int = 1) -> list[dict[str, Any]]:
     return [
-        {"key": str(key), "value": any_value(value)} for key, value in values.items()
+        {"key": str(key), "value": any_value(value, depth)}
+        for key, value in values.items()
     ]
 
 

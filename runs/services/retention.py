@@ -163,7 +163,8 @@ def run_delete(
     *, run: Run, actor: User | None, remote_addr: str | None = None
 ) -> DeletedRows:
     """Delete one terminal run and its rows, audited with the counts; a run that
-    has not ended is a conflict (cancel it first) and nothing is deleted."""
+    has not ended is a conflict (cancel it first) and nothing is deleted, a run
+    deleted meanwhile is Run.DoesNotExist."""
     if not run.is_terminal:
         raise RunConflict(
             run, f"the run is {run.status}; cancel it first, then delete it"
@@ -176,21 +177,22 @@ def run_delete(
             orphans=orphans,
             high_water=high_water,
         )
-        if deleted.runs:
-            audit_record(
-                tenant=run.tenant,
-                actor=actor,
-                action="run.delete",
-                object_type="run",
-                object_id=str(run.id),
-                before={
-                    "status": run.status,
-                    "agent": run.agent.slug,
-                    "created_at": run.created_at.isoformat(),
-                },
-                after={"deleted": deleted.as_dict()},
-                remote_addr=remote_addr,
-            )
+        if not deleted.runs:  # deleted meanwhile by another request or beat
+            raise Run.DoesNotExist(f"run {run.id} no longer exists")
+        audit_record(
+            tenant=run.tenant,
+            actor=actor,
+            action="run.delete",
+            object_type="run",
+            object_id=str(run.id),
+            before={
+                "status": run.status,
+                "agent": run.agent.slug,
+                "created_at": run.created_at.isoformat(),
+            },
+            after={"deleted": deleted.as_dict()},
+            remote_addr=remote_addr,
+        )
     return deleted
 
 

@@ -181,7 +181,7 @@ def test_retention_deletes_old_terminal_runs_in_batches_on_a_worker(
     ).exists()
 
 
-def test_a_run_younger_than_its_tenants_retention_is_kept_by_the_deployment_default(
+def test_the_deployment_default_retention_applies_to_a_tenant_without_its_own(
     demo_agent: Agent, operator_user: Any, settings: Any
 ) -> None:
     """The deployment's DATA_RETENTION_DAYS applies to a tenant with none of its
@@ -432,3 +432,27 @@ def test_otlp_export_round_trips_through_otlp_ingest_into_another_tenant(
     assert Span.objects.filter(run=copy).count() == len(spans)
     # The original is untouched by its copy.
     assert Span.objects.filter(run=run).count() == len(spans)
+
+
+def test_an_attribute_nested_deeper_than_ingest_reads_is_exported_as_json_text() -> (
+    None
+):
+    """OTLP ingest refuses values nested deeper than ATTRIBUTE_MAX_DEPTH; the
+    export sends such a structure from that depth on as its JSON text instead."""
+    from tracing.export import otlp_trace_request
+    from tracing.ingest import parse_request
+    from tracing.ingest.otlp import ATTRIBUTE_MAX_DEPTH
+
+    deep: Any = "bottom"
+    for _ in range(40):
+        deep = {"next": deep}
+    now = timezone.now()
+    span = Span(
+        trace_id="a" * 32, span_id="b" * 16, name="deep", started_at=now, ended_at=now
+    )
+    body = otlp_trace_request(spans=[(span, {"tool.args": deep})], service_name="t")
+    [parsed] = parse_request(json.dumps(body).encode(), content_type="application/json")
+    value, original = parsed.attributes["tool.args"], deep
+    for _ in range(ATTRIBUTE_MAX_DEPTH - 1):  # structured down to the limit
+        value, original = value["next"], original["next"]
+    assert isinstance(value, str) and json.loads(value) == original
