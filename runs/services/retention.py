@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,6 +80,12 @@ def _digests(refs: Iterable[dict[str, Any]]) -> set[str]:
     return {v for r in refs if isinstance(r, dict) for v in r.values() if v}
 
 
+def _chunks(items: list[Any], size: int = 500) -> Iterator[list[Any]]:
+    """Keys in lists short enough for any database's limit on query parameters."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
 def _spans_of_tenant(tenant_id: uuid.UUID) -> QuerySet[Span]:
     return Span.objects.filter(run__tenant_id=tenant_id)
 
@@ -91,11 +97,11 @@ def _orphaned_digests(
     does, and the highest span key seen (spans stored later are checked again
     when the payloads are deleted). A read, outside any write transaction."""
     high_water = Span.objects.aggregate(m=Max("pk"))["m"] or 0
-    deleting = _digests(
-        Span.objects.filter(run_id__in=run_ids)
-        .values_list("payloads", flat=True)
-        .iterator(chunk_size=2000)
-    )
+    deleting: set[str] = set()
+    for chunk in _chunks(sorted(run_ids)):
+        deleting |= _digests(
+            Span.objects.filter(run_id__in=chunk).values_list("payloads", flat=True)
+        )
     if not deleting:
         return set(), high_water
     rows = (
@@ -141,8 +147,9 @@ def _rows_delete(
         )
     deleted.events = _count(RunEvent.objects.filter(run_id__in=ids))
     deleted.spans = _count(Span.objects.filter(run_id__in=ids))
-    deleted.span_payloads = _count(
-        SpanPayload.objects.filter(tenant_id=tenant_id, sha256__in=mine)
+    deleted.span_payloads = sum(
+        _count(SpanPayload.objects.filter(tenant_id=tenant_id, sha256__in=chunk))
+        for chunk in _chunks(sorted(mine))
     )
     deleted.approval_decisions = _count(
         ApprovalDecision.objects.filter(request__run_id__in=ids)
