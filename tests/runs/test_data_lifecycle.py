@@ -456,3 +456,11 @@ def test_an_attribute_nested_deeper_than_ingest_reads_is_exported_as_json_text()
     for _ in range(ATTRIBUTE_MAX_DEPTH - 1):  # structured down to the limit
         value, original = value["next"], original["next"]
     assert isinstance(value, str) and json.loads(value) == original
+
+
+def test_beat_schedules_the_retention_pass(settings: Any) -> None:
+    from controlplane.celery import app
+
+    entry = settings.CELERY_BEAT_SCHEDULE["runs-retention"]
+    assert app.tasks[entry["task"]].name == retention_sweep_task.name
+    assert entry["schedule"] == settings.DATA_RETENTION_INTERVAL_SECONDS
