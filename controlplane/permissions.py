@@ -1,9 +1,8 @@
 """The permission matrix: which role may do what in its tenant.
 
-admin: everything in the tenant (deleting runs and setting their retention
-included); operator: start and cancel runs, decide approvals, and read; viewer:
-read (exporting a run is a read). APIs (`action_required`), WebSocket consumers
-and pages (`context_may`) ask here; tests/test_permissions.py has a test per cell.
+admin: everything in the tenant; operator: start and cancel runs, decide approvals,
+and read; viewer: read. APIs (`action_required`), WebSocket consumers and pages
+(`context_may`) ask here; tests/test_permissions.py has a test per cell.
 """
 
 from __future__ import annotations
@@ -22,7 +21,10 @@ class Action(StrEnum):
     RUN_READ = "run.read"
     RUN_START = "run.start"
     RUN_CANCEL = "run.cancel"
-    RUN_DELETE = "run.delete"  # a run and everything recorded about it
+    # Admins only: a run and everything recorded about it (exporting one is
+    # run.read), and how long the tenant's runs are kept (docs/data.md).
+    RUN_DELETE = "run.delete"
+    RETENTION_WRITE = "retention.write"
     STREAM_READ = "stream.read"  # WebSocket streams of runs and the tenant
     PAGE_READ = "page.read"  # the browser pages
     APPROVAL_READ = "approval.read"
@@ -32,7 +34,6 @@ class Action(StrEnum):
     BUDGET_READ = "budget.read"
     BUDGET_WRITE = "budget.write"
     AUDIT_READ = "audit.read"
-    RETENTION_WRITE = "retention.write"  # how long the tenant's runs are kept
 
 
 _READ = frozenset(

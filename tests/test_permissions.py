@@ -23,6 +23,7 @@ EXPECTED = {
     Action.RUN_START:         (True,  True,  False),
     Action.RUN_CANCEL:        (True,  True,  False),
     Action.RUN_DELETE:        (True,  False, False),
+    Action.RETENTION_WRITE:   (True,  False, False),
     Action.STREAM_READ:       (True,  True,  True),
     Action.PAGE_READ:         (True,  True,  True),
     Action.APPROVAL_READ:     (True,  True,  True),
@@ -32,7 +33,6 @@ EXPECTED = {
     Action.BUDGET_READ:       (True,  True,  True),
     Action.BUDGET_WRITE:      (True,  False, False),
     Action.AUDIT_READ:        (True,  False, False),
-    Action.RETENTION_WRITE:   (True,  False, False),
 }  # fmt: skip
 demo_agent = runs_fixtures.demo_agent
 shop = runs_fixtures.shop
@@ -102,6 +102,10 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
         run_cancel(run=run, actor=None)  # only an ended run may be deleted
         response = api.delete(f"/api/v1/runs/{run.id}/")
         assert Run.objects.filter(id=run.id).exists() == (response.status_code == 403)
+    elif action is Action.RETENTION_WRITE:
+        response = api.put("/api/v1/retention/", {"retention_days": 30}, format="json")
+        tenant.refresh_from_db()
+        assert (tenant.retention_days == 30) == (response.status_code == 200)
     elif action is Action.PAGE_READ:
         response = _page(user, "/runs/")
     elif action is Action.APPROVAL_READ:
@@ -131,10 +135,6 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
         page = _page(user, "/budget/").content.decode()
         # The page offers the edit form exactly to those the API lets write.
         assert ('data-admin="1"' in page) == (response.status_code == 200)
-    elif action is Action.RETENTION_WRITE:
-        response = api.put("/api/v1/retention/", {"retention_days": 30}, format="json")
-        tenant.refresh_from_db()
-        assert (tenant.retention_days == 30) == (response.status_code == 200)
     elif action is Action.AUDIT_READ:
         response = api.get("/api/v1/audit/")
         assert _page(user, "/audit/").status_code == response.status_code
