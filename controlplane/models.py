@@ -12,6 +12,10 @@ class Tenant(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
+    # Terminal runs older than this many days are deleted by beat with their
+    # steps, tool calls, approvals, spans, payloads and events (docs/data.md);
+    # null: the deployment's DATA_RETENTION_DAYS (empty there: keep forever).
+    retention_days = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

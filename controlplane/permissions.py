@@ -22,6 +22,10 @@ class Action(StrEnum):
     RUN_READ = "run.read"
     RUN_START = "run.start"
     RUN_CANCEL = "run.cancel"
+    # Admins only: a run and everything recorded about it (exporting one is
+    # run.read), and how long the tenant's runs are kept (docs/data.md).
+    RUN_DELETE = "run.delete"
+    RETENTION_WRITE = "retention.write"
     STREAM_READ = "stream.read"  # WebSocket streams of runs and the tenant
     PAGE_READ = "page.read"  # the browser pages
     APPROVAL_READ = "approval.read"

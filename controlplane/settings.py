@@ -434,6 +434,32 @@ CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
 }
 DEMO_SEEDERS.append("runs.demo.demo_seed_shop")
 
+# Data lifecycle (docs/data.md): terminal runs older than a tenant's retention are
+# deleted with everything recorded about them; the budget ledger is kept.
+DATA_RETENTION_DAYS = env.integer(
+    "DATA_RETENTION_DAYS",
+    0,
+    minimum=0,
+    help="Days a terminal run is kept for a tenant that set no retention of its "
+    "own (0: keep forever).",
+)
+DATA_RETENTION_BATCH_SIZE = env.integer(
+    "DATA_RETENTION_BATCH_SIZE",
+    500,
+    minimum=1,
+    help="Runs deleted per transaction by the retention pass.",
+)
+DATA_RETENTION_INTERVAL_SECONDS = env.number(
+    "DATA_RETENTION_INTERVAL_SECONDS",
+    3600.0,
+    minimum=60.0,
+    help="How often beat deletes runs past their tenant's retention.",
+)
+CELERY_BEAT_SCHEDULE["runs-retention"] = {
+    "task": "runs.tasks.retention_sweep_task",
+    "schedule": DATA_RETENTION_INTERVAL_SECONDS,
+}
+
 # Sandbox runner (run_code and any tool that runs a command).
 SANDBOX_ROOT = env.string(
     "SANDBOX_ROOT",

@@ -1,4 +1,4 @@
-"""Runs API: start, list, read and cancel runs of the caller's tenant."""
+"""Runs API: start, list, read, cancel and delete runs of the caller's tenant."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from rest_framework.views import APIView
 from controlplane.api_input import BoundedPagination, query_params
 from controlplane.api_schema import ErrorDetailSerializer
 from controlplane.budget_services import run_usage_against_caps
-from controlplane.permissions import Action, action_required
+from controlplane.permissions import Action, action_required, method_actions
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
 from runs.engine.evaluator import verdict_of
 from runs.models import Run
+from runs.services.retention import run_delete
 from tracing.redaction import RedactedCharField, RedactedJSONField
 
 
@@ -177,12 +178,62 @@ def _run_or_404(request: Request, run_id: str) -> Run:
     return run
 
 
+class DeletedSerializer(serializers.Serializer[Any]):
+    """Rows deleted with the run, by kind."""
+
+    runs = serializers.IntegerField()
+    steps = serializers.IntegerField()
+    tool_calls = serializers.IntegerField()
+    approvals = serializers.IntegerField()
+    approval_decisions = serializers.IntegerField()
+    spans = serializers.IntegerField()
+    span_payloads = serializers.IntegerField()
+    events = serializers.IntegerField()
+
+
+class RunDeletedSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    deleted = DeletedSerializer()
+
+
 class RunDetailApi(APIView):
-    permission_classes = [action_required(Action.RUN_READ)]
+    # Reading is run.read; DELETE is run.delete (admins, docs/data.md).
+    get_permissions = method_actions(Action.RUN_READ, Action.RUN_DELETE)
 
     @extend_schema(responses=RunDetailSerializer)
     def get(self, request: Request, run_id: str) -> Response:
         return Response(RunDetailSerializer(_run_or_404(request, run_id)).data)
+
+    @extend_schema(
+        request=None,
+        responses={200: RunDeletedSerializer, 409: RunSerializer},
+        description="Delete a terminal run with its steps, tool calls, approvals, "
+        "spans, payloads only it used, and events (admins; audited as "
+        "`run.delete`). A run that has not ended is 409: cancel it first. Budget "
+        "ledger rows are billing records and are kept.",
+    )
+    def delete(self, request: Request, run_id: str) -> Response:
+        run = _run_or_404(request, run_id)
+        try:
+            deleted = run_delete(
+                run=run,
+                actor=tenant_of(request).user,
+                remote_addr=request.META.get("REMOTE_ADDR") or None,
+            )
+        except Run.DoesNotExist:
+            raise NotFound("No such run in this tenant.") from None
+        except services.RunConflict as exc:
+            return Response(
+                {
+                    "error": {
+                        "code": "conflict",
+                        "message": str(exc),
+                        "run": RunSerializer(exc.run).data,
+                    }
+                },
+                status=status.HTTP_409_CONFLICT,
+            )
+        return Response({"id": str(run.id), "deleted": deleted.as_dict()})
 
 
 class RunCancelApi(APIView):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from runs.services import recover_stalled_runs, run_advance
+from runs.services.retention import retention_sweep
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
@@ -39,3 +40,9 @@ def sandbox_janitor_task() -> int:
 
     report = sandbox_janitor_sweep(sandbox_settings())
     return len(report.removed_cgroups) + len(report.removed_workspaces)
+
+
+@shared_task
+def retention_sweep_task() -> int:
+    """Delete terminal runs past their tenant's retention, in bounded batches."""
+    return sum(report.deleted.runs for report in retention_sweep())

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from runs import agents_api, api
+from runs import agents_api, api, data_api
 
 urlpatterns = [
     path("agents/", agents_api.AgentListApi.as_view(), name="api-agents"),
@@ -9,4 +9,15 @@ urlpatterns = [
     path(
         "runs/<str:run_id>/cancel/", api.RunCancelApi.as_view(), name="api-run-cancel"
     ),
+    path(
+        "runs/<str:run_id>/export/",
+        data_api.RunExportApi.as_view(),
+        name="api-run-export",
+    ),
+    path(
+        "runs/<str:run_id>/export.otlp.json",
+        data_api.RunExportOtlpApi.as_view(),
+        name="api-run-export-otlp",
+    ),
+    path("retention/", data_api.RetentionApi.as_view(), name="api-retention"),
 ]

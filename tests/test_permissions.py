@@ -14,7 +14,7 @@ from controlplane.models import Role
 from controlplane.permissions import MATRIX, Action, role_may
 from controlplane.services import api_token_issue, api_token_revoke
 from runs.models import Run
-from runs.services import run_start
+from runs.services import run_cancel, run_start
 from tests.runs import conftest as runs_fixtures
 
 EXPECTED = {
@@ -22,6 +22,8 @@ EXPECTED = {
     Action.RUN_READ:          (True,  True,  True),
     Action.RUN_START:         (True,  True,  False),
     Action.RUN_CANCEL:        (True,  True,  False),
+    Action.RUN_DELETE:        (True,  False, False),
+    Action.RETENTION_WRITE:   (True,  False, False),
     Action.STREAM_READ:       (True,  True,  True),
     Action.PAGE_READ:         (True,  True,  True),
     Action.APPROVAL_READ:     (True,  True,  True),
@@ -96,6 +98,15 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
         response = api.post(f"/api/v1/runs/{run.id}/cancel/")
         run.refresh_from_db()
         assert (run.status == "cancelled") == (response.status_code == 200)
+    elif action is Action.RUN_DELETE:
+        run = request.getfixturevalue("waiting_run")
+        run_cancel(run=run, actor=None)  # only an ended run may be deleted
+        response = api.delete(f"/api/v1/runs/{run.id}/")
+        assert Run.objects.filter(id=run.id).exists() == (response.status_code == 403)
+    elif action is Action.RETENTION_WRITE:
+        response = api.put("/api/v1/retention/", {"retention_days": 30}, format="json")
+        tenant.refresh_from_db()
+        assert (tenant.retention_days == 30) == (response.status_code == 200)
     elif action is Action.PAGE_READ:
         response = _page(user, "/runs/")
     elif action is Action.APPROVAL_READ:
@@ -212,5 +223,7 @@ def test_a_member_of_another_tenant_is_refused_everywhere(
     api = _api(outsider, other_tenant)
     assert api.get(f"/api/v1/runs/{waiting_run.id}/").status_code == 404
     assert api.post(f"/api/v1/runs/{waiting_run.id}/cancel/").status_code == 404
+    assert api.delete(f"/api/v1/runs/{waiting_run.id}/").status_code == 404
+    assert api.get(f"/api/v1/runs/{waiting_run.id}/export/").status_code == 404
     waiting_run.refresh_from_db()
     assert waiting_run.status == Run.Status.WAITING_APPROVAL

@@ -14,6 +14,7 @@ from tracing.services import TENANT_EVENT_PREFIXES
 __all__ = [
     "run_events_after",
     "run_for_tenant",
+    "run_spans_with_payloads",
     "span_children",
     "span_for_tenant",
     "span_payloads",
@@ -66,3 +67,28 @@ def span_payloads(*, tenant: Tenant, span: Span) -> dict[str, Any]:
         for name, digest in span.payloads.items()
         if digest in by_hash
     }
+
+
+def run_spans_with_payloads(
+    *, tenant: Tenant, run: Run
+) -> list[tuple[Span, dict[str, str]]]:
+    """Every span of the run, oldest first, with its payload bodies by attribute
+    name (JSON text as stored); payloads are read in chunks of keys."""
+    spans = list(
+        Span.objects.filter(run=run, run__tenant=tenant).order_by("started_at", "id")
+    )
+    digests = sorted({d for span in spans for d in span.payloads.values()})
+    texts: dict[str, str] = {}
+    for start in range(0, len(digests), 500):
+        texts.update(
+            SpanPayload.objects.filter(
+                tenant=tenant, sha256__in=digests[start : start + 500]
+            ).values_list("sha256", "content")
+        )
+    return [
+        (
+            span,
+            {name: texts[d] for name, d in span.payloads.items() if d in texts},
+        )
+        for span in spans
+    ]
