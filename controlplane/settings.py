@@ -226,7 +226,13 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(
+    env.string(
+        "STATIC_ROOT",
+        str(BASE_DIR / "staticfiles"),
+        help="Where collectstatic puts the static files (the image sets it).",
+    )
+)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -274,11 +280,28 @@ DEMO_PASSWORD = env.string(
 )
 PORT = env.integer("PORT", 8000, minimum=1, help="Port `manage.py dev` serves on.")
 
+# Read (and so declared) in every mode; applied only with DEBUG off. compose serves
+# plain HTTP and sets it false; behind a TLS proxy keep it true.
+_SECURE_COOKIES = env.boolean(
+    "SECURE_COOKIES", True, help="Send cookies over HTTPS only (when DEBUG off)."
+)
 if not DEBUG:
-    SESSION_COOKIE_SECURE = env.boolean(
-        "SECURE_COOKIES", True, help="Send cookies over HTTPS only (when DEBUG off)."
-    )
+    SESSION_COOKIE_SECURE = _SECURE_COOKIES
     CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# Metrics (docs/architecture.md "Metrics"). prometheus-client reads the directory
+# from the environment itself; it is declared here for the docs and the checks.
+PROMETHEUS_MULTIPROC_DIR = env.string(
+    "PROMETHEUS_MULTIPROC_DIR",
+    "",
+    help="Directory every process writes its metrics to (shared by web, worker "
+    "and beat, emptied before they start); empty: this process's metrics only.",
+)
+METRICS_TOKEN = env.string(
+    "METRICS_TOKEN",
+    "",
+    help="Bearer token a scraper sends to GET /metrics; empty: staff sessions only.",
+)
 
 LOGGING = {
     "version": 1,
