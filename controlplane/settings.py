@@ -319,6 +319,9 @@ ENV_VARIABLES = env.variables
 
 # Each app that owns demo data adds its seeder; `seed_demo` calls them in order.
 DEMO_SEEDERS: list[str] = []
+# Each app that reports gauges read at scrape time (GET /metrics) adds a function
+# returning prometheus-client metric families (controlplane.metrics).
+METRICS_COLLECTORS: list[str] = []
 
 # Runs: caps every run starts from (an agent or a run request may only lower them).
 RUN_DEFAULT_LIMITS: dict[str, Any] = {
@@ -353,6 +356,7 @@ CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
     "schedule": 15.0,
 }
 DEMO_SEEDERS.append("runs.demo.demo_seed_shop")
+METRICS_COLLECTORS.append("runs.metrics.run_gauges")
 
 # Sandbox runner (run_code and any tool that runs a command).
 SANDBOX_ROOT = env.string(

@@ -3,12 +3,13 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from controlplane import api, health, views
+from controlplane import api, health, metrics, views
 from tracing import api as tracing_api
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", health.healthz, name="healthz"),
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tenant/switch/", views.tenant_switch, name="tenant-switch"),
