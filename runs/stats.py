@@ -29,21 +29,23 @@ def _money(value: Decimal | None) -> str:
     return str((value or Decimal(0)).quantize(Decimal("0.000001")))
 
 
-def _run_figures(rows: Any) -> dict[str, Any]:
-    figures = rows.aggregate(
-        runs=Count("id"),
-        ended=Count("id", filter=Q(status__in=_ENDED)),
-        succeeded=Count("id", filter=Q(status=Run.Status.SUCCEEDED)),
-        input_tokens=Coalesce(Sum("input_tokens"), 0),
-        output_tokens=Coalesce(Sum("output_tokens"), 0),
-        cost=Sum("cost"),
-        avg_turns=Avg("steps", filter=Q(status__in=_ENDED)),
-        avg_tool_calls=Avg("tool_calls", filter=Q(status__in=_ENDED)),
-        avg_input_tokens=Avg("input_tokens", filter=Q(status__in=_ENDED)),
-        avg_output_tokens=Avg("output_tokens", filter=Q(status__in=_ENDED)),
-        avg_cost=Avg("cost", filter=Q(status__in=_ENDED)),
-    )
-    return _shape(figures)
+def _figures() -> dict[str, Any]:
+    """One set of aggregates for the whole window and for each agent (aliases
+    differ from the fields they sum: Django refuses to average an alias)."""
+    ended = Q(status__in=_ENDED)
+    return {
+        "n_runs": Count("id"),
+        "n_ended": Count("id", filter=ended),
+        "n_succeeded": Count("id", filter=Q(status=Run.Status.SUCCEEDED)),
+        "sum_input_tokens": Coalesce(Sum("input_tokens"), 0),
+        "sum_output_tokens": Coalesce(Sum("output_tokens"), 0),
+        "sum_cost": Sum("cost"),
+        "avg_turns": Avg("steps", filter=ended),
+        "avg_tool_calls": Avg("tool_calls", filter=ended),
+        "avg_input_tokens": Avg("input_tokens", filter=ended),
+        "avg_output_tokens": Avg("output_tokens", filter=ended),
+        "avg_cost": Avg("cost", filter=ended),
+    }
 
 
 def _shape(figures: dict[str, Any]) -> dict[str, Any]:
@@ -51,13 +53,13 @@ def _shape(figures: dict[str, Any]) -> dict[str, Any]:
         return None if value is None else round(float(value), 4)
 
     return {
-        "runs": figures["runs"],
-        "ended": figures["ended"],
-        "succeeded": figures["succeeded"],
-        "success_rate": _rate(figures["succeeded"], figures["ended"]),
-        "input_tokens": figures["input_tokens"],
-        "output_tokens": figures["output_tokens"],
-        "cost": _money(figures["cost"]),
+        "runs": figures["n_runs"],
+        "ended": figures["n_ended"],
+        "succeeded": figures["n_succeeded"],
+        "success_rate": _rate(figures["n_succeeded"], figures["n_ended"]),
+        "input_tokens": figures["sum_input_tokens"],
+        "output_tokens": figures["sum_output_tokens"],
+        "cost": _money(figures["sum_cost"]),
         "per_task": {
             "turns": avg(figures["avg_turns"]),
             "tool_calls": avg(figures["avg_tool_calls"]),
@@ -78,23 +80,7 @@ def run_stats_for(*, tenant: Tenant, since: dt.datetime) -> dict[str, Any]:
         .annotate(n=Count("id"))
         .values_list("status", "n")
     )
-    agents = (
-        runs.order_by("agent__slug")
-        .values("agent__slug")
-        .annotate(
-            runs=Count("id"),
-            ended=Count("id", filter=Q(status__in=_ENDED)),
-            succeeded=Count("id", filter=Q(status=Run.Status.SUCCEEDED)),
-            input_tokens=Coalesce(Sum("input_tokens"), 0),
-            output_tokens=Coalesce(Sum("output_tokens"), 0),
-            cost=Sum("cost"),
-            avg_turns=Avg("steps", filter=Q(status__in=_ENDED)),
-            avg_tool_calls=Avg("tool_calls", filter=Q(status__in=_ENDED)),
-            avg_input_tokens=Avg("input_tokens", filter=Q(status__in=_ENDED)),
-            avg_output_tokens=Avg("output_tokens", filter=Q(status__in=_ENDED)),
-            avg_cost=Avg("cost", filter=Q(status__in=_ENDED)),
-        )
-    )
+    agents = runs.order_by("agent__slug").values("agent__slug").annotate(**_figures())
     tools = (
         ToolCall.objects.filter(run__tenant=tenant, run__created_at__gte=since)
         .order_by("tool_name")
@@ -116,7 +102,7 @@ def run_stats_for(*, tenant: Tenant, since: dt.datetime) -> dict[str, Any]:
     )
     return {
         "since": since.isoformat(),
-        **_run_figures(runs),
+        **_shape(runs.aggregate(**_figures())),
         "by_status": {str(s): by_status.get(s, 0) for s in Run.Status.values},
         "agents": [{"agent": row["agent__slug"], **_shape(row)} for row in agents],
         "tools": [
