@@ -297,6 +297,17 @@ PROMETHEUS_MULTIPROC_DIR = env.string(
     help="Directory every process writes its metrics to (shared by web, worker "
     "and beat, emptied before they start); empty: this process's metrics only.",
 )
+if PROMETHEUS_MULTIPROC_DIR and not (
+    os.path.isdir(PROMETHEUS_MULTIPROC_DIR)
+    and os.access(PROMETHEUS_MULTIPROC_DIR, os.W_OK)
+):
+    env.problems.append(
+        ("PROMETHEUS_MULTIPROC_DIR", "is not an existing, writable directory")
+    )
+    # The default instead (see environment.py): prometheus-client, which reads
+    # the variable itself, would fail on its first metric rather than report.
+    PROMETHEUS_MULTIPROC_DIR = ""
+    del os.environ["PROMETHEUS_MULTIPROC_DIR"]
 METRICS_TOKEN = env.string(
     "METRICS_TOKEN",
     "",

@@ -72,3 +72,11 @@ def test_prepared_statements_are_on_for_postgresql_unless_turned_off(monkeypatch
     assert settings._database(url)["OPTIONS"]["prepare_threshold"] is None
     sqlite = settings._database("sqlite:////tmp/x.sqlite3")["OPTIONS"]
     assert "prepare_threshold" not in sqlite
+
+
+def test_a_missing_metrics_directory_is_reported_not_raised(tmp_path: Path) -> None:
+    result = run_check(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "missing"))
+    assert result.returncode != 0
+    assert "Environment variable PROMETHEUS_MULTIPROC_DIR:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "missing").exists()
