@@ -30,7 +30,8 @@ RUN python -m venv /opt/venv \
 # web and beat run as this user; the worker stays root (docker-compose.yml says why).
 # The sandbox root must be traversable by uid 65534 (the sandbox's user).
 RUN useradd --system --uid 10001 --home-dir /var/lib/controlplane --create-home app \
-    && mkdir -p /var/lib/controlplane/sandbox \
+    && mkdir -p /var/lib/controlplane/sandbox /var/lib/controlplane/metrics \
+    && chown app /var/lib/controlplane/metrics \
     && chmod 0711 /var/lib/controlplane /var/lib/controlplane/sandbox
 WORKDIR /var/lib/controlplane
 USER app

@@ -167,3 +167,14 @@ def test_readme_lists_every_environment_variable():
     readme = (BASE_DIR / "README.md").read_text()
     missing = [name for name in settings.ENV_VARIABLES if f"`{name}`" not in readme]
     assert not missing, f"README.md does not document: {missing}"
+
+
+def test_the_final_image_holds_the_installed_wheel_and_no_source_tree():
+    dockerfile = (BASE_DIR / "Dockerfile").read_text()
+    final = dockerfile.rsplit("\nFROM ", 1)[1]
+    assert not re.search(r"^COPY \. ", final, re.MULTILINE), "source copied into /app"
+    assert "COPY --from=wheel /wheels /wheels" in final
+    assert re.search(r"pip install /wheels/\*\.whl", final)
+    assert "manage.py" not in final
+    for words in (command_words(name) for name in PYTHON_SERVICES):
+        assert "manage.py" not in " ".join(words)
