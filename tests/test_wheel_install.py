@@ -79,14 +79,21 @@ SMOKE = textwrap.dedent(
 
 
 def _ignored(patterns: list[str]):  # type: ignore[no-untyped-def]
+    """.dockerignore's rules: patterns match paths from the context's root, and a
+    leading `**/` matches at any depth, the root included."""
+
+    def matches(path: str, pattern: str) -> bool:
+        bare = pattern.removeprefix("**/")
+        return fnmatch.fnmatch(path, pattern) or (
+            bare != pattern and fnmatch.fnmatch(path, bare)
+        )
+
     def ignore(directory: str, names: list[str]) -> set[str]:
         rel = Path(directory).relative_to(BASE_DIR)
         return {
             name
             for name in names
-            for pattern in patterns
-            if fnmatch.fnmatch(name, pattern)
-            or fnmatch.fnmatch(str(rel / name), pattern)
+            if any(matches(str(rel / name), pattern) for pattern in patterns)
         }
 
     return ignore
