@@ -29,6 +29,7 @@ from approvals.models import (
     TenantApprovalSettings,
 )
 from approvals.policy import APPROVER_ROLE_CHOICES, RULE_PREFIX
+from controlplane import metrics
 from controlplane.models import Membership, Role
 from controlplane.services import audit_record
 from runs.engine.actions import ToolCall as EngineToolCall
@@ -249,6 +250,11 @@ def approval_decide(
         )  # fmt: skip
     if isinstance(outcome, AlreadyDecided):
         raise outcome
+    if outcome.status != ApprovalRequest.Status.PENDING and outcome.decided_at:
+        metrics.approval_decided(
+            decision=outcome.status,
+            seconds=(outcome.decided_at - outcome.requested_at).total_seconds(),
+        )
     return outcome
 
 

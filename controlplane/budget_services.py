@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
+from controlplane import metrics
 from controlplane.budget_ledger import (
     Amounts,
     BudgetRefusal,
@@ -417,6 +418,7 @@ def stop_reason_for(refusal: BudgetRefusal) -> StopReason:
 
 
 def _refuse(run: Run, refusal: BudgetRefusal, **payload: Any) -> BudgetRefusal:
+    metrics.budget_refused(dimension=refusal.dimension)
     _event(
         run,
         "budget.exhausted",
@@ -496,6 +498,10 @@ def budget_after_model_call(
             output_tokens=billed.output_tokens,
             cost=price.cost(billed.input_tokens, billed.output_tokens),
         )
+        metrics.spend_recorded(
+            kind="model_call", cost=spent.cost, input_tokens=spent.input_tokens,
+            output_tokens=spent.output_tokens,
+        )  # fmt: skip
     if isinstance(entry, BudgetLedgerEntry):
         actual = Amounts(spent.input_tokens, spent.output_tokens, spent.cost)
         budget_settle(entry, actual)
@@ -544,6 +550,8 @@ def budget_after_tool_call(
     usage: BudgetVector,
     limits: BudgetLimits,
 ) -> None:
+    if executed:
+        metrics.spend_recorded(kind="tool_call", cost=tool.money_cost)
     if isinstance(entry, BudgetLedgerEntry):
         actual = Amounts(cost=tool.money_cost if executed else Decimal(0))
         budget_settle(entry, actual)

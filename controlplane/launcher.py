@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -102,6 +103,8 @@ class Launcher:
         environ = dict(os.environ)
         environ["REDIS_URL"] = self.redis_url
         environ["PYTHONUNBUFFERED"] = "1"
+        # web, worker and beat record metrics into one directory (GET /metrics).
+        environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(self.metrics_dir))
         return environ
 
     def _spawn(self, child: Child) -> None:
@@ -122,7 +125,15 @@ class Launcher:
         child.pump.start()
         self.say("dev", f"started {child.name} (pid {child.process.pid})")
 
+    @property
+    def metrics_dir(self) -> Path:
+        return self.base_dir / ".run" / "metrics"
+
     def start(self) -> None:
+        # Counters start from zero with each `make run` (files of dead processes
+        # would otherwise be added to the new ones').
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        self.metrics_dir.mkdir(parents=True)
         if not self.redis_url:
             self.redis = EmbeddedRedis(self.base_dir / ".run" / "redis")
             process = self.redis.start(stdout=subprocess.PIPE)

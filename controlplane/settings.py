@@ -280,7 +280,13 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = Path(
+    env.string(
+        "STATIC_ROOT",
+        str(BASE_DIR / "staticfiles"),
+        help="Where collectstatic puts the static files (the image sets it).",
+    )
+)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -358,11 +364,39 @@ CONTENT_SECURITY_POLICY = {
     }
 }
 
+# Read (and so declared) in every mode; applied only with DEBUG off. compose serves
+# plain HTTP and sets it false; behind a TLS proxy keep it true.
+_SECURE_COOKIES = env.boolean(
+    "SECURE_COOKIES", True, help="Send cookies over HTTPS only (when DEBUG off)."
+)
 if not DEBUG:
-    SESSION_COOKIE_SECURE = env.boolean(
-        "SECURE_COOKIES", True, help="Send cookies over HTTPS only (when DEBUG off)."
-    )
+    SESSION_COOKIE_SECURE = _SECURE_COOKIES
     CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# Metrics (docs/architecture.md "Metrics"). prometheus-client reads the directory
+# from the environment itself; it is declared here for the docs and the checks.
+PROMETHEUS_MULTIPROC_DIR = env.string(
+    "PROMETHEUS_MULTIPROC_DIR",
+    "",
+    help="Directory every process writes its metrics to (shared by web, worker "
+    "and beat, emptied before they start); empty: this process's metrics only.",
+)
+if PROMETHEUS_MULTIPROC_DIR and not (
+    os.path.isdir(PROMETHEUS_MULTIPROC_DIR)
+    and os.access(PROMETHEUS_MULTIPROC_DIR, os.W_OK)
+):
+    env.problems.append(
+        ("PROMETHEUS_MULTIPROC_DIR", "is not an existing, writable directory")
+    )
+    # The default instead (see environment.py): prometheus-client, which reads
+    # the variable itself, would fail on its first metric rather than report.
+    PROMETHEUS_MULTIPROC_DIR = ""
+    del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+METRICS_TOKEN = env.string(
+    "METRICS_TOKEN",
+    "",
+    help="Bearer token a scraper sends to GET /metrics; empty: staff sessions only.",
+)
 
 LOGGING = {
     "version": 1,
@@ -388,6 +422,9 @@ ENV_VARIABLES = env.variables
 
 # Each app that owns demo data adds its seeder; `seed_demo` calls them in order.
 DEMO_SEEDERS: list[str] = []
+# Each app that reports gauges read at scrape time (GET /metrics) adds a function
+# returning prometheus-client metric families (controlplane.metrics).
+METRICS_COLLECTORS: list[str] = []
 
 # Runs: caps every run starts from (an agent or a run request may only lower them).
 RUN_DEFAULT_LIMITS: dict[str, Any] = {
@@ -433,6 +470,7 @@ CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
     "schedule": 15.0,
 }
 DEMO_SEEDERS.append("runs.demo.demo_seed_shop")
+METRICS_COLLECTORS.append("runs.metrics.run_gauges")
 
 # Data lifecycle (docs/data.md): terminal runs older than a tenant's retention are
 # deleted with everything recorded about them; the budget ledger is kept.

@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from controlplane import api, health, views
+from controlplane import api, health, metrics, views
 from tracing import api as tracing_api
 
 # Swagger UI comes from its CDN and keeps a small inline <style>; its own
@@ -22,6 +22,7 @@ api_docs = csp_update(
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", health.healthz, name="healthz"),
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tenant/switch/", views.tenant_switch, name="tenant-switch"),

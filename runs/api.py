@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.conf import settings
 from django.core.validators import RegexValidator
-from drf_spectacular.utils import extend_schema
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
@@ -22,6 +26,7 @@ from runs import selectors, services
 from runs.engine.evaluator import verdict_of
 from runs.models import Run
 from runs.services.retention import run_delete
+from runs.stats import run_stats_for
 from tracing.redaction import RedactedCharField, RedactedJSONField
 
 
@@ -258,3 +263,37 @@ class RunCancelApi(APIView):
                 status=status.HTTP_409_CONFLICT,
             )
         return Response(RunSerializer(run).data)
+
+
+class StatsApi(APIView):
+    """The dashboard's aggregates of this tenant's runs created since `since`."""
+
+    permission_classes = [action_required(Action.RUN_READ)]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "since", str, description="ISO 8601 time; default 30 days ago"
+            )
+        ],
+        responses=OpenApiTypes.OBJECT,
+    )
+    def get(self, request: Request) -> Response:
+        raw = request.query_params.get("since")
+        if raw is None:
+            since = timezone.now() - dt.timedelta(days=30)
+        else:
+            try:  # a "+" of an offset arrives as a space when not URL-encoded
+                parsed = parse_datetime(raw.strip().replace(" ", "+"))
+            except ValueError:  # well formed but impossible, e.g. month 13
+                parsed = None
+            if parsed is None:
+                raise ValidationError(
+                    {"since": ["not an ISO 8601 time, e.g. 2026-01-31T00:00:00Z"]}
+                )
+            since = (
+                parsed
+                if timezone.is_aware(parsed)
+                else timezone.make_aware(parsed, dt.UTC)
+            )
+        return Response(run_stats_for(tenant=tenant_of(request).tenant, since=since))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 from celery import shared_task
 
+from controlplane import metrics
 from runs.services import recover_stalled_runs, run_advance
 from runs.services.retention import retention_sweep
 
@@ -18,18 +21,23 @@ def advance_run_task(  # type: ignore[no-untyped-def]
     worker died takes the run over at once instead of waiting out the lease.
     `traceparent` carries the run's trace into the task (W3C format).
     """
-    return run_advance(
+    started = time.monotonic()
+    outcome = run_advance(
         run_id=run_id,
         step_token=step_token,
         owner=self.request.id or step_token,
         traceparent=traceparent,
     )
+    metrics.step_observed(outcome=outcome, seconds=time.monotonic() - started)
+    return outcome
 
 
 @shared_task
 def recover_stalled_runs_task() -> int:
     """Re-enqueue runs whose worker vanished (lease expired, or enqueue lost)."""
-    return recover_stalled_runs()
+    recovered = recover_stalled_runs()
+    metrics.runs_recovered(count=recovered)
+    return recovered
 
 
 @shared_task

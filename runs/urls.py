@@ -4,6 +4,7 @@ from runs import agents_api, api, data_api
 
 urlpatterns = [
     path("agents/", agents_api.AgentListApi.as_view(), name="api-agents"),
+    path("stats/", api.StatsApi.as_view(), name="api-stats"),
     path("runs/", api.RunListApi.as_view(), name="api-runs"),
     path("runs/<str:run_id>/", api.RunDetailApi.as_view(), name="api-run"),
     path(

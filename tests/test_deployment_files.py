@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
+import sys
 from pathlib import Path
 
 import yaml
 from django.conf import settings
 from django.core.management import get_commands
+from django.urls import resolve
 from django.utils.module_loading import import_string
+
+from runs.sandbox.spec import SandboxSettings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((BASE_DIR / "docker-compose.yml").read_text())
-PYTHON_SERVICES = ("web", "worker", "beat")
+PYTHON_SERVICES = ("migrate", "web", "worker", "beat")
+LONG_RUNNING = ("web", "worker", "beat")
 
 
 def command_words(service: str) -> list[str]:
@@ -22,8 +28,10 @@ def command_words(service: str) -> list[str]:
     return command if isinstance(command, list) else shlex.split(command)
 
 
-def test_compose_has_the_five_services():
-    assert set(COMPOSE["services"]) == {"postgres", "redis", "web", "worker", "beat"}
+def test_compose_has_the_six_services():
+    assert set(COMPOSE["services"]) == {
+        "postgres", "redis", "migrate", "web", "worker", "beat"
+    }  # fmt: skip
 
 
 def test_python_services_share_one_image_built_from_the_dockerfile():
@@ -53,15 +61,96 @@ def test_compose_urls_point_at_the_compose_services():
     assert environment["DATABASE_URL"].endswith("/" + postgres["POSTGRES_DB"])
 
 
-def test_web_command_migrates_then_serves_the_asgi_application():
-    words = command_words("web")
-    joined = " ".join(words)
-    assert "manage.py migrate" in joined
+def test_the_postgresql_password_is_required_from_the_environment():
+    password = COMPOSE["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"]
+    assert re.fullmatch(r"\$\{POSTGRES_PASSWORD:\?[^}]+\}", password), password
+    url = COMPOSE["services"]["web"]["environment"]["DATABASE_URL"]
+    assert re.search(r"controlplane:\$\{POSTGRES_PASSWORD:\?[^}]+\}@", url), url
+
+
+def test_migrate_is_a_one_shot_that_every_app_service_waits_for():
+    migrate = COMPOSE["services"]["migrate"]
+    words = command_words("migrate")
+    assert re.search(r"exec python -m django migrate --noinput", " ".join(words))
     assert "migrate" in get_commands()
-    target = re.search(r"daphne .* (\S+:\S+)", joined)
-    assert target is not None
-    module, attribute = target.group(1).split(":")
+    assert migrate["restart"] == "no"
+    assert "migrate" not in migrate["depends_on"]
+    for name in LONG_RUNNING:
+        depends = COMPOSE["services"][name]["depends_on"]
+        assert depends["migrate"] == {"condition": "service_completed_successfully"}
+        assert depends["postgres"] == {"condition": "service_healthy"}
+        assert depends["redis"] == {"condition": "service_healthy"}
+        assert "migrate" not in " ".join(command_words(name))
+
+
+def test_web_execs_daphne_as_pid_1_serving_the_asgi_application():
+    command = COMPOSE["services"]["web"]["command"]
+    assert isinstance(command, list), "exec form: no shell between Docker and daphne"
+    assert command[0] == "daphne"
+    module, attribute = command[-1].split(":")
     assert import_string(f"{module}.{attribute}") is not None
+
+
+def test_no_service_is_privileged_and_the_worker_gets_only_the_sandbox_grants():
+    for name, service in COMPOSE["services"].items():
+        assert not service.get("privileged"), name
+    worker = COMPOSE["services"]["worker"]
+    assert set(worker["cap_add"]) == {"SYS_ADMIN", "NET_ADMIN"}
+    assert set(worker["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined"}
+    assert worker["cgroup"] == "host"
+    assert "/sys/fs/cgroup:/sys/fs/cgroup:rw" in worker["volumes"]
+    for name in ("web", "beat", "migrate"):
+        assert "cap_add" not in COMPOSE["services"][name], name
+        assert "security_opt" not in COMPOSE["services"][name], name
+    # Each grant says what it is for.
+    text = (BASE_DIR / "docker-compose.yml").read_text()
+    for grant in ("SYS_ADMIN", "NET_ADMIN"):
+        assert re.search(rf"- {grant}\s+#\s*\S", text), grant
+
+
+def test_web_and_beat_run_unprivileged_and_the_worker_as_root():
+    dockerfile = (BASE_DIR / "Dockerfile").read_text()
+    assert re.search(r"useradd .*\bapp\b", dockerfile)
+    assert re.search(r"^USER app$", dockerfile, re.MULTILINE)
+    assert COMPOSE["services"]["web"]["user"] == "app"
+    assert COMPOSE["services"]["beat"]["user"] == "app"
+    assert COMPOSE["services"]["worker"]["user"] == "root"
+
+
+def test_compose_sets_secure_cookies_for_its_plain_http_port():
+    assert COMPOSE["services"]["web"]["ports"] == ["8000:8000"]
+    for name in LONG_RUNNING:
+        value = COMPOSE["services"][name]["environment"]["SECURE_COOKIES"]
+        assert value == "${SECURE_COOKIES:-false}", name
+
+
+def test_the_image_gives_the_sandbox_its_interpreter():
+    dockerfile = (BASE_DIR / "Dockerfile").read_text()
+    install = re.search(r"apt-get install[^&]*", dockerfile)
+    assert install is not None
+    for package in ("bubblewrap", "python3", "gcc", "libc6-dev"):
+        assert re.search(rf"\b{package}\b", install.group(0)), package
+    assert SandboxSettings().python == "/usr/bin/python3"  # Debian's python3
+
+
+def test_healthchecks_run_commands_that_exist():
+    for name, service in COMPOSE["services"].items():
+        if "healthcheck" not in service or name not in PYTHON_SERVICES:
+            continue
+        test = service["healthcheck"]["test"]
+        assert test[0] in ("CMD", "CMD-SHELL"), name
+        words = test[1:] if test[0] == "CMD" else shlex.split(test[1])
+        executable = words[0]
+        assert executable in ("python", "celery", "daphne"), (name, executable)
+        assert shutil.which(executable, path=str(Path(sys.executable).parent))
+        if executable == "python" and words[1] == "-c":
+            compile(words[2], f"{name} healthcheck", "exec")
+            for path in re.findall(r"http://127\.0\.0\.1:8000(/[^'\"]*)", words[2]):
+                resolve(path)
+        if executable == "python" and words[1] == "-m" and words[2] == "django":
+            assert words[3] in get_commands(), (name, words[3])
+        if executable == "celery":
+            assert words[1:3] == ["-A", "controlplane"], name
 
 
 def test_worker_and_beat_commands_name_the_celery_app():
@@ -78,3 +167,14 @@ def test_readme_lists_every_environment_variable():
     readme = (BASE_DIR / "README.md").read_text()
     missing = [name for name in settings.ENV_VARIABLES if f"`{name}`" not in readme]
     assert not missing, f"README.md does not document: {missing}"
+
+
+def test_the_final_image_holds_the_installed_wheel_and_no_source_tree():
+    dockerfile = (BASE_DIR / "Dockerfile").read_text()
+    final = dockerfile.rsplit("\nFROM ", 1)[1]
+    assert not re.search(r"^COPY \. ", final, re.MULTILINE), "source copied into /app"
+    assert "COPY --from=wheel /wheels /wheels" in final
+    assert re.search(r"pip install /wheels/\*\.whl", final)
+    assert "manage.py" not in final
+    for words in (command_words(name) for name in PYTHON_SERVICES):
+        assert "manage.py" not in " ".join(words)

@@ -19,6 +19,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from controlplane import metrics
 from controlplane.authentication import (
     StreamPrincipal,
     TooManyFailures,
@@ -121,6 +122,8 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.group = group
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        self.counted = True
+        metrics.websocket_opened()
         await self._start_pumps()
         # The client calls the stream stale after two heartbeats without a frame.
         beat = settings.STREAM_HEARTBEAT_SECONDS
@@ -129,6 +132,9 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             await self._resume(start)
 
     async def disconnect(self, code: int) -> None:
+        if getattr(self, "counted", False):
+            self.counted = False
+            metrics.websocket_closed()
         await self._stop_pumps()
         if getattr(self, "group", None):
             await self.channel_layer.group_discard(self.group, self.channel_name)

@@ -28,6 +28,7 @@ from approvals.services import (
     approval_edit_note,
     approval_outcome_for,
 )
+from controlplane import metrics
 from controlplane.budget_ledger import BudgetRefusal
 from controlplane.budget_services import (
     ExtensionAsk,
@@ -305,7 +306,11 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
     with chat_span(
         ctx.run, messages_json=state.transcript.messages_json(), tools=tools
     ) as chat:
+        called = time.monotonic()
         reply = call_model(runtime.model, messages, tools, plan)
+        metrics.model_call_observed(
+            ok=isinstance(reply, ModelReply), seconds=time.monotonic() - called
+        )
         chat.reply(reply)
     budget_after_model_call(
         run=ctx.run,
@@ -682,6 +687,11 @@ def _record(
     )
     row.status = status
     row.result = result.to_dict()
+    metrics.tool_call_ended(
+        tool=call.name,
+        status=status,
+        code=str(result.error.code) if result.error else None,
+    )
 
 
 def _after_calls(ctx: StepContext, step: Step, rows: list[ToolCallRow]) -> None:

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane import metrics
 from controlplane.budget_ledger import budget_select
 from controlplane.budget_models import Budget
 from controlplane.budget_services import (
@@ -134,8 +135,14 @@ def run_start(
         object_id=str(run.id),
         after={"agent": agent.slug, "limits": caps.to_dict()},
     )
+    transaction.on_commit(metrics.run_started)
     refusal = budget_admit_run(run=run)
     if refusal is not None:  # over the runs-per-period limit: it ends before a step
+        transaction.on_commit(
+            lambda: metrics.run_ended(
+                status=Run.Status.BUDGET_EXHAUSTED, stop_reason=refusal.dimension
+            )
+        )
         Run.objects.filter(id=run.id).update(
             status=Run.Status.BUDGET_EXHAUSTED,
             stop_reason=refusal.dimension,
@@ -284,6 +291,10 @@ def run_finish_fields(
 ) -> dict[str, Any]:
     """The fields that end a run (the caller also saves state and counters)."""
     state.stop_reason = reason
+    # Counted once the end commits (at once when no transaction is open).
+    transaction.on_commit(
+        lambda: metrics.run_ended(status=str(status), stop_reason=str(reason))
+    )
     return {
         "status": status,
         "stop_reason": str(reason),

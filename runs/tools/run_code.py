@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 
+from controlplane import metrics
 from runs.engine.contracts import Effect, Idempotency, ToolContract, ToolSource
 from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
 from runs.engine.tools import Tool, ToolContext
@@ -83,6 +84,7 @@ def run_code(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
             raise ToolFailure(ErrorCode.EINVAL, str(exc)) from exc
     finally:
         workspace_release(workspace, settings=config)
+    metrics.sandbox_terminated(cause=str(outcome.termination_cause))
     report = outcome.to_dict()
     shown = ("exit_code", "signal_name", "termination_cause", "stdout", "stderr",
              "stdout_truncated", "output_limited", "duration_ms")  # fmt: skip

@@ -100,3 +100,11 @@ def test_the_task_hard_time_limit_leaves_a_minute_beyond_the_model_deadline():
     lease, deadline, hard = limits()
     assert deadline < lease and hard == max(lease, deadline) + 60 == 180
     assert limits(RUN_MODEL_DEADLINE_SECONDS="150")[2] == 210
+
+
+def test_a_missing_metrics_directory_is_reported_not_raised(tmp_path: Path) -> None:
+    result = run_check(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "missing"))
+    assert result.returncode != 0
+    assert "Environment variable PROMETHEUS_MULTIPROC_DIR:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "missing").exists()
