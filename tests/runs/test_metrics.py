@@ -179,7 +179,7 @@ async def test_open_websocket_streams_are_a_live_gauge(
     before = await sync_to_async(scrape)()
     ws = WebsocketCommunicator(
         application, f"/ws/runs/{run.id}/",
-        headers=[(b"origin", b"http://testserver"),
+        headers=[(b"host", b"testserver"), (b"origin", b"http://testserver"),
                  (b"authorization", f"Bearer {secret}".encode())],
     )  # fmt: skip
     assert (await ws.connect())[0]
