@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from approvals import rules, selectors, services
 from approvals.models import ApprovalRequest, TenantApprovalSettings
+from controlplane.idempotency import IDEMPOTENCY_KEY_PARAMETER, idempotent
 from controlplane.models import Role
 from controlplane.tenancy import IsTenantMember, role_required, tenant_of
 
@@ -137,6 +138,7 @@ class ApprovalDecideApi(APIView):
 
     @extend_schema(
         request=DecideInputSerializer,
+        parameters=[IDEMPOTENCY_KEY_PARAMETER],
         responses={200: ApprovalSerializer, 409: ApprovalSerializer},
     )
     def post(self, request: Request, approval_id: str) -> Response:
@@ -144,6 +146,15 @@ class ApprovalDecideApi(APIView):
         approval = get_object_or_404(
             selectors.approval_list_for(tenant=context.tenant), id=approval_id
         )
+        return idempotent(
+            request,
+            tenant=context.tenant,
+            operation=f"approval.decide {approval.id}",
+            respond=lambda: self._decide(request, approval),
+        )
+
+    def _decide(self, request: Request, approval: ApprovalRequest) -> Response:
+        context = tenant_of(request)
         _reject_unknown_fields(request, {"decision", "reason", "scope", "args"})
         body = self.DecideInputSerializer(data=request.data)
         body.is_valid(raise_exception=True)

@@ -212,6 +212,17 @@ HEALTH_WORKER_TIMEOUT = env.number(
     help="Seconds /healthz waits for a Celery worker to answer a ping.",
 )
 
+IDEMPOTENCY_KEY_TTL_SECONDS = env.integer(
+    "IDEMPOTENCY_KEY_TTL_SECONDS",
+    24 * 3600,
+    minimum=60,
+    help="How long an Idempotency-Key (run start, approval decision) is remembered.",
+)
+CELERY_BEAT_SCHEDULE["controlplane-idempotency-keys-purge"] = {
+    "task": "controlplane.tasks.idempotency_keys_purge_task",
+    "schedule": 3600.0,
+}
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},

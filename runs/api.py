@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.budget_services import run_usage_against_caps
+from controlplane.idempotency import IDEMPOTENCY_KEY_PARAMETER, idempotent
 from controlplane.permissions import Action, action_required
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
@@ -109,8 +110,20 @@ class RunListApi(APIView):
         page = paginator.paginate_queryset(runs, request, view=self)
         return paginator.get_paginated_response(RunSerializer(page, many=True).data)
 
-    @extend_schema(request=InputSerializer, responses={201: RunDetailSerializer})
+    @extend_schema(
+        request=InputSerializer,
+        parameters=[IDEMPOTENCY_KEY_PARAMETER],
+        responses={201: RunDetailSerializer},
+    )
     def post(self, request: Request) -> Response:
+        return idempotent(
+            request,
+            tenant=tenant_of(request).tenant,
+            operation="run.start",
+            respond=lambda: self._start(request),
+        )
+
+    def _start(self, request: Request) -> Response:
         context = tenant_of(request)
         body = self.InputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
