@@ -86,9 +86,7 @@ def test_a_run_started_while_the_broker_is_down_is_201_and_recovery_runs_it(
     try:
         assert recover_now() == 1
         done = wait_for(
-            lambda: Run.objects.filter(
-                id=run.id, status=Run.Status.UNVERIFIED
-            ).first(),
+            lambda: Run.objects.filter(id=run.id, status=Run.Status.UNVERIFIED).first(),
             timeout=60,
             what="the recovered run to finish",
         )
@@ -187,7 +185,9 @@ def test_a_decision_while_the_broker_is_down_is_200_and_its_retry_is_the_same(
     try:
         assert recover_now() == 1
         wait_for(
-            lambda: Run.objects.filter(id=run.id, status=Run.Status.UNVERIFIED).exists(),
+            lambda: Run.objects.filter(
+                id=run.id, status=Run.Status.UNVERIFIED
+            ).exists(),
             timeout=60,
             what="the resumed run to finish",
         )
