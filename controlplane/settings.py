@@ -180,6 +180,15 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # or when broken (controlplane/celery.py).
 CELERY_DB_REUSE_MAX = 2**62
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}
+# Beat touches a heartbeat file on every tick and ticks at least this often, so
+# a healthcheck can tell a beat that stopped turning (controlplane/beat.py).
+CELERY_BEAT_SCHEDULER = "controlplane.beat:HeartbeatScheduler"
+CELERY_BEAT_MAX_LOOP_INTERVAL = 30
+BEAT_HEARTBEAT_FILE = env.string(
+    "BEAT_HEARTBEAT_FILE",
+    str(BASE_DIR / ".run" / "beat-heartbeat"),
+    help="File Celery beat touches on every tick (its healthcheck reads its age).",
+)
 
 # channels-redis 4.3 blocks up to 5 s in BZPOPMIN on each receive, and redis-py 8
 # reads with a 5 s socket_timeout by default: an idle stream's receive timed out
