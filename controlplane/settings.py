@@ -101,6 +101,29 @@ DATABASE_URL = env.string(
 )
 
 
+# PostgreSQL connections come from a pool of fixed size per process (Django's
+# psycopg pool). Daphne runs each request in a thread of its own, and with
+# persistent connections (CONN_MAX_AGE) every thread kept one: 86 held at four
+# concurrent clients, and at eight PostgreSQL refused more. A request now
+# borrows a connection and returns it when it ends; a worker process (one
+# thread) returns its one connection after each task and gets it back, with its
+# prepared statements, from its pool. Sizing: docs/architecture.md.
+DATABASE_POOL_MAX_SIZE = env.integer(
+    "DATABASE_POOL_MAX_SIZE",
+    8,
+    minimum=1,
+    help="PostgreSQL: most connections one process (Daphne, a worker's pool "
+    "process, beat) holds; requests beyond it wait for one.",
+)
+DATABASE_POOL_TIMEOUT = env.number(
+    "DATABASE_POOL_TIMEOUT",
+    20.0,
+    minimum=0.1,
+    help="PostgreSQL: seconds a request waits for a pooled connection before "
+    "it fails.",
+)
+
+
 def _database(url: str) -> dict[str, Any]:
     try:
         config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=60))
@@ -135,7 +158,18 @@ def _database(url: str) -> dict[str, Any]:
             "(false behind a pooler in transaction mode without prepared-statement "
             "support).",
         )
-        config.setdefault("OPTIONS", {})["prepare_threshold"] = 5 if prepared else None
+        options = config.setdefault("OPTIONS", {})
+        options["prepare_threshold"] = 5 if prepared else None
+        # Pooled connections are returned, not kept (Django requires 0); each
+        # keeps its prepared statements in the pool. No minimum: a process
+        # opens what its threads use at once (a worker process: one, which it
+        # gets back task after task), and an idle one closes after 10 minutes.
+        config["CONN_MAX_AGE"] = 0
+        options["pool"] = {
+            "min_size": 0,
+            "max_size": DATABASE_POOL_MAX_SIZE,
+            "timeout": DATABASE_POOL_TIMEOUT,
+        }
     return config
 
 
