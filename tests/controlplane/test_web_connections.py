@@ -47,7 +47,10 @@ def request(
         server.url + path,
         data=data,
         method=method,
-        headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/json"},
+        headers={
+            "Authorization": f"Bearer {secret}",
+            "Content-Type": "application/json",
+        },
     )
     try:
         with urllib.request.urlopen(req, timeout=120) as reply:
