@@ -13,6 +13,9 @@ from typing import Any
 
 import dj_database_url
 import django_stubs_ext
+from redis.asyncio.retry import Retry as AsyncRedisRetry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from controlplane.embedded_redis import published_path, published_url
 from controlplane.environment import env
@@ -119,8 +122,7 @@ DATABASE_POOL_TIMEOUT = env.number(
     "DATABASE_POOL_TIMEOUT",
     20.0,
     minimum=0.1,
-    help="PostgreSQL: seconds a request waits for a pooled connection before "
-    "it fails.",
+    help="PostgreSQL: seconds a request waits for a pooled connection before it fails.",
 )
 
 
@@ -230,12 +232,24 @@ BEAT_HEARTBEAT_FILE = env.string(
 # block, so only a Redis that stops answering trips it (the stream then closes and
 # the client reconnects); TCP keepalive finds a peer that vanished, and a pooled
 # connection idle past the health check interval is pinged before it is used.
+#
+# A Redis restart kills every connection in the layer's pools; redis-py gives
+# pooled connections no retry, so each dead one failed the next command sent on
+# it ("Connection lost"): a WebSocket handshake (group_add) or a stream's
+# receive, minutes after Redis was back. A connection error is retried on a
+# new connection; a read timeout (a Redis that stopped answering) is not, so
+# such a stream still ends after socket_timeout.
 _CHANNEL_REDIS: dict[str, Any] = {
     "address": _REDIS,
     "socket_timeout": 15,
     "socket_connect_timeout": 5,
     "socket_keepalive": True,
     "health_check_interval": 30,
+    "retry": AsyncRedisRetry(
+        ExponentialWithJitterBackoff(cap=1.0, base=0.05),
+        3,
+        supported_errors=(RedisConnectionError,),
+    ),
 }
 CHANNEL_LAYERS = {
     "default": {
