@@ -16,7 +16,11 @@ from rest_framework.views import APIView
 
 from approvals import rules, selectors, services
 from approvals.models import ApprovalRequest, TenantApprovalSettings
-from controlplane.idempotency import IDEMPOTENCY_KEY_PARAMETER, idempotent
+from controlplane.idempotency import (
+    IDEMPOTENCY_KEY_PARAMETER,
+    IDEMPOTENCY_KEY_REUSED,
+    idempotent,
+)
 from controlplane.models import Role
 from controlplane.tenancy import IsTenantMember, role_required, tenant_of
 
@@ -139,7 +143,11 @@ class ApprovalDecideApi(APIView):
     @extend_schema(
         request=DecideInputSerializer,
         parameters=[IDEMPOTENCY_KEY_PARAMETER],
-        responses={200: ApprovalSerializer, 409: ApprovalSerializer},
+        responses={
+            200: ApprovalSerializer,
+            409: ApprovalSerializer,
+            422: IDEMPOTENCY_KEY_REUSED,
+        },
     )
     def post(self, request: Request, approval_id: str) -> Response:
         context = tenant_of(request)

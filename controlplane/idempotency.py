@@ -20,7 +20,7 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.request import Request
@@ -45,6 +45,12 @@ IDEMPOTENCY_KEY_PARAMETER = OpenApiParameter(
         "`idempotency_key_reused`. Keys are per tenant and kept "
         "IDEMPOTENCY_KEY_TTL_SECONDS (24 h by default)."
     ),
+)
+
+IDEMPOTENCY_KEY_REUSED = OpenApiResponse(
+    description="`idempotency_key_reused`: the Idempotency-Key was already used "
+    "for another request (another body, or another operation) in this tenant; "
+    "nothing was done."
 )
 
 

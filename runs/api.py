@@ -13,7 +13,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.budget_services import run_usage_against_caps
-from controlplane.idempotency import IDEMPOTENCY_KEY_PARAMETER, idempotent
+from controlplane.idempotency import (
+    IDEMPOTENCY_KEY_PARAMETER,
+    IDEMPOTENCY_KEY_REUSED,
+    idempotent,
+)
 from controlplane.permissions import Action, action_required
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
@@ -113,7 +117,7 @@ class RunListApi(APIView):
     @extend_schema(
         request=InputSerializer,
         parameters=[IDEMPOTENCY_KEY_PARAMETER],
-        responses={201: RunDetailSerializer},
+        responses={201: RunDetailSerializer, 422: IDEMPOTENCY_KEY_REUSED},
     )
     def post(self, request: Request) -> Response:
         return idempotent(

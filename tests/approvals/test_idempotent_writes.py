@@ -5,23 +5,29 @@ client's retry return the first answer instead of doing the work again."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
+import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from django.conf import settings
 
 from approvals.models import ApprovalDecision
 from controlplane.celery import app as celery_app
 from controlplane.models import IdempotencyKey
+from controlplane.services import api_token_issue
 from runs.models import Run
 from runs.services import recover_stalled_runs
 from runs.tools.shop_models import Refund
 from tests.approvals.conftest import REFUND_ARGS, call, script_of
 from tests.conftest import start_worker, wait_for
+from tests.frontend.conftest import DaphneServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -196,3 +202,58 @@ def test_a_decision_while_the_broker_is_down_is_200_and_its_retry_is_the_same(
     assert Refund.objects.count() == 1
     assert ApprovalDecision.objects.count() == 1
     assert IdempotencyKey.objects.filter(tenant=tenant, key=key).count() == 1
+
+
+def test_the_schema_documents_the_idempotency_key_on_both_writes(
+    operator_user: Any, tenant: Any, api_client_for: Any
+) -> None:
+    response = api_client_for(operator_user, tenant).get("/api/schema/")
+    assert response.status_code == 200
+    paths = yaml.safe_load(response.content)["paths"]
+    for path in ("/api/v1/runs/", "/api/v1/approvals/{approval_id}/decide/"):
+        operation = paths[path]["post"]
+        headers = [p for p in operation["parameters"] if p["in"] == "header"]
+        assert [h["name"] for h in headers] == ["Idempotency-Key"], path
+        assert headers[0].get("required", False) is False
+        assert "422" in operation["responses"], path
+
+
+def test_concurrent_retries_with_one_key_start_one_run(
+    scripted_agent: Any, operator_user: Any, tenant: Any, tmp_path: Any
+) -> None:
+    """Eight copies of one request at once, through a real Daphne (a thread
+    each): one run, and every answer is its answer."""
+    scripted_agent([{"text": "All done."}], [], slug="quick")
+    secret = api_token_issue(tenant=tenant, user=operator_user).secret
+    server = DaphneServer(tmp_path).start()
+    answers: list[tuple[int, Any]] = []
+    barrier = threading.Barrier(8)
+
+    def post() -> None:
+        request = urllib.request.Request(
+            f"{server.url}/api/v1/runs/",
+            data=json.dumps({"agent": "quick", "input": "once"}).encode(),
+            method="POST",
+            headers={
+                "Authorization": f"Bearer {secret}",
+                "Content-Type": "application/json",
+                "Idempotency-Key": "one-key",
+            },
+        )
+        barrier.wait()
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            answers.append((reply.status, json.loads(reply.read())))
+
+    threads = [threading.Thread(target=post) for _ in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        server.stop()
+    assert len(answers) == 8, server.output()
+    assert {status for status, _ in answers} == {201}
+    assert len({json.dumps(body, sort_keys=True) for _, body in answers}) == 1
+    assert Run.objects.count() == 1
+    assert str(Run.objects.get().id) == answers[0][1]["id"]
