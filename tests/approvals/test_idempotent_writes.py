@@ -17,12 +17,14 @@ from typing import Any
 import pytest
 import yaml
 from django.conf import settings
+from django.utils import timezone
 
 from approvals.models import ApprovalDecision
 from controlplane.celery import app as celery_app
 from controlplane.models import IdempotencyKey
 from controlplane.services import api_token_issue
-from runs.models import Run
+from controlplane.tasks import idempotency_keys_purge_task
+from runs.models import Agent, Run
 from runs.services import recover_stalled_runs
 from runs.tools.shop_models import Refund
 from tests.approvals.conftest import REFUND_ARGS, call, script_of
@@ -139,8 +141,6 @@ def test_keys_are_per_tenant(
     scripted_agent: Any, operator_user: Any, tenant: Any, other_tenant: Any,
     make_member: Any, api_client_for: Any,
 ) -> None:  # fmt: skip
-    from runs.models import Agent
-
     scripted_agent([{"text": "All done."}], [], slug="quick")
     Agent.objects.create(
         tenant=other_tenant, slug="quick", name="Quick", model_adapter="scripted",
@@ -257,3 +257,28 @@ def test_concurrent_retries_with_one_key_start_one_run(
     assert len({json.dumps(body, sort_keys=True) for _, body in answers}) == 1
     assert Run.objects.count() == 1
     assert str(Run.objects.get().id) == answers[0][1]["id"]
+
+
+def test_an_expired_key_is_free_again_and_beat_purges_expired_keys(
+    scripted_agent: Any, operator_user: Any, tenant: Any, api_client_for: Any
+) -> None:
+    scripted_agent([{"text": "All done."}], [], slug="quick")
+    client = api_client_for(operator_user, tenant)
+    for key in ("old-key", "kept-key"):
+        response = client.post(
+            "/api/v1/runs/", {"agent": "quick", "input": key}, format="json",
+            HTTP_IDEMPOTENCY_KEY=key,
+        )  # fmt: skip
+        assert response.status_code == 201
+    # Past its time-to-live (as if IDEMPOTENCY_KEY_TTL_SECONDS had passed).
+    IdempotencyKey.objects.filter(key="old-key").update(expires_at=timezone.now())
+    again = client.post(
+        "/api/v1/runs/", {"agent": "quick", "input": "new work"}, format="json",
+        HTTP_IDEMPOTENCY_KEY="old-key",
+    )  # fmt: skip
+    assert again.status_code == 201
+    assert "Idempotent-Replayed" not in again
+    assert Run.objects.count() == 3
+    IdempotencyKey.objects.filter(key="old-key").update(expires_at=timezone.now())
+    assert idempotency_keys_purge_task.apply().get() == 1
+    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["kept-key"]
