@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import websockets
-from asgiref.sync import sync_to_async
 from websockets.asyncio.client import ClientConnection
 
 from approvals.models import ApprovalRequest
@@ -161,8 +160,11 @@ def _post(server: DaphneServer, path: str, secret: str, body: Any) -> int:
 
 
 @pytest.fixture
-def approval(shop: Any, scripted_agent: Any, admin_user: Any) -> ApprovalRequest:
-    """A run driven in this process to its approval wait (a refund)."""
+def approval(
+    shop: Any, scripted_agent: Any, admin_user: Any
+) -> tuple[ApprovalRequest, int]:
+    """A run driven in this process to its approval wait (a refund), and the
+    last seq of its event log then."""
     agent = scripted_agent(
         script_of(call("refund", REFUND_ARGS)),
         ["lookup_order", "refund"],
@@ -172,11 +174,13 @@ def approval(shop: Any, scripted_agent: Any, admin_user: Any) -> ApprovalRequest
         run_start(tenant=shop, agent_slug=agent.slug, input="help", started_by=None)
     )
     assert waiting.status == Run.Status.WAITING_APPROVAL, waiting.stop_detail
-    return ApprovalRequest.objects.get(run=waiting, status="pending")
+    pending = ApprovalRequest.objects.get(run=waiting, status="pending")
+    seqs = RunEvent.objects.filter(run=waiting).values_list("seq", flat=True)
+    return pending, max(seqs, default=0)
 
 
 async def test_after_a_redis_restart_handshakes_succeed_and_streams_deliver_events(
-    approval: ApprovalRequest,
+    approval: tuple[ApprovalRequest, int],
     secret: str,
     tmp_path: Path,
     own_redis: EmbeddedRedis,
@@ -184,7 +188,9 @@ async def test_after_a_redis_restart_handshakes_succeed_and_streams_deliver_even
     """Every pooled connection of the layer dies with a Redis restart; each was
     used once more and failed ("Connection lost"), failing a handshake long after
     Redis was back. The layer reconnects instead, and live events flow again."""
-    run_id = approval.run_id
+    # Nothing is appended to the run's log before the decision below.
+    pending, last_seq = approval
+    run_id = pending.run_id
     daphne = DaphneServer(
         tmp_path,
         # Heartbeats (which also refill from the log) stay out of the way: an
@@ -207,12 +213,6 @@ async def test_after_a_redis_restart_handshakes_succeed_and_streams_deliver_even
             *(_hello(daphne, streams[n % 2], secret) for n in range(12))
         )
         assert {frame["type"] for frame in after} == {"hello"}, after
-        last_seq = await sync_to_async(
-            lambda: max(
-                RunEvent.objects.filter(run_id=run_id).values_list("seq", flat=True),
-                default=0,
-            )
-        )()
         async with connect(
             daphne, f"/ws/runs/{run_id}/?after_seq={last_seq}", secret
         ) as ws:
@@ -221,7 +221,7 @@ async def test_after_a_redis_restart_handshakes_succeed_and_streams_deliver_even
             status = await asyncio.to_thread(
                 _post,
                 daphne,
-                f"/api/v1/approvals/{approval.id}/decide/",
+                f"/api/v1/approvals/{pending.id}/decide/",
                 secret,
                 {"decision": "deny", "reason": "not today"},
             )
