@@ -17,6 +17,11 @@ from approvals import rules, selectors, services
 from approvals.models import ApprovalRequest, TenantApprovalSettings
 from controlplane.api_input import BoundedPagination, query_params
 from controlplane.api_schema import ErrorDetailSerializer
+from controlplane.idempotency import (
+    IDEMPOTENCY_KEY_PARAMETER,
+    IDEMPOTENCY_KEY_REUSED,
+    idempotent,
+)
 from controlplane.models import Role
 from controlplane.tenancy import IsTenantMember, role_required, tenant_of
 from tracing.redaction import ArgsDigestField, RedactedCharField, RedactedJSONField
@@ -153,13 +158,27 @@ class ApprovalDecideApi(APIView):
 
     @extend_schema(
         request=DecideInputSerializer,
-        responses={200: ApprovalSerializer, 409: ApprovalConflictSerializer},
+        parameters=[IDEMPOTENCY_KEY_PARAMETER],
+        responses={
+            200: ApprovalSerializer,
+            409: ApprovalConflictSerializer,
+            422: IDEMPOTENCY_KEY_REUSED,
+        },
     )
     def post(self, request: Request, approval_id: str) -> Response:
         context = tenant_of(request)
         approval = get_object_or_404(
             selectors.approval_list_for(tenant=context.tenant), id=approval_id
         )
+        return idempotent(
+            request,
+            tenant=context.tenant,
+            operation=f"approval.decide {approval.id}",
+            respond=lambda: self._decide(request, approval),
+        )
+
+    def _decide(self, request: Request, approval: ApprovalRequest) -> Response:
+        context = tenant_of(request)
         _reject_unknown_fields(request, {"decision", "reason", "scope", "args"})
         body = self.DecideInputSerializer(data=request.data)
         body.is_valid(raise_exception=True)

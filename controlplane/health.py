@@ -1,4 +1,12 @@
-"""/healthz: database, Redis and a Celery worker, each answered for real."""
+"""Probes of the web process, each answered for real.
+
+- `/livez`: this process answers (nothing else is asked): restart it when not.
+- `/readyz`: it can serve, its database and Redis answer: route traffic to it.
+- `/healthz`: the report for people and the dev launcher, readiness plus
+  whether a Celery worker answers a ping. 503 names the failing part; a slow or
+  missing worker is no reason to restart or unroute the web process, so
+  deployments probe `/livez` and `/readyz`, and workers have their own checks.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +43,23 @@ def worker_status() -> str:
     except Exception as exc:  # broker down: reported by the redis part too
         return f"error: {type(exc).__name__}"
     return "ok" if replies else "error: no worker answered a ping"
+
+
+@never_cache
+@require_GET
+def livez(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+@never_cache
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    parts = {"database": database_status(), "redis": redis_status()}
+    ready = all(value == "ok" for value in parts.values())
+    return JsonResponse(
+        {**parts, "status": "ok" if ready else "error"},
+        status=200 if ready else 503,
+    )
 
 
 @never_cache

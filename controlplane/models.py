@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 
@@ -90,6 +91,36 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.object_type}:{self.object_id}"
+
+
+class IdempotencyKey(models.Model):
+    """A client's `Idempotency-Key` on a write, and the answer its first request got.
+
+    Stored in the transaction of the write itself, so the key exists exactly
+    when the work was committed; a retry with the key is answered from here.
+    """
+
+    # The unique index below starts with the tenant: no index of its own.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    key = models.CharField(max_length=255)
+    operation = models.CharField(max_length=128)  # "run.start", "approval.decide …"
+    request_sha256 = models.CharField(max_length=64)
+    response_status = models.PositiveSmallIntegerField(null=True)
+    response_body = models.JSONField(null=True, encoder=DjangoJSONEncoder)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "key"], name="idempotency_key_unique_per_tenant"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation} {self.key!r}"
 
 
 # Budgets live in their own module; imported here so they belong to this app.

@@ -14,6 +14,9 @@ from typing import Any
 
 import dj_database_url
 import django_stubs_ext
+from redis.asyncio.retry import Retry as AsyncRedisRetry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from controlplane.embedded_redis import published_path, published_url
 from controlplane.environment import env
@@ -110,6 +113,28 @@ DATABASE_URL = env.string(
 )
 
 
+# PostgreSQL connections come from a pool of fixed size per process (Django's
+# psycopg pool). Daphne runs each request in a thread of its own, and with
+# persistent connections (CONN_MAX_AGE) every thread kept one: 86 held at four
+# concurrent clients, and at eight PostgreSQL refused more. A request now
+# borrows a connection and returns it when it ends; a worker process (one
+# thread) returns its one connection after each task and gets it back, with its
+# prepared statements, from its pool. Sizing: docs/architecture.md.
+DATABASE_POOL_MAX_SIZE = env.integer(
+    "DATABASE_POOL_MAX_SIZE",
+    8,
+    minimum=1,
+    help="PostgreSQL: most connections one process (Daphne, a worker's pool "
+    "process, beat) holds; requests beyond it wait for one.",
+)
+DATABASE_POOL_TIMEOUT = env.number(
+    "DATABASE_POOL_TIMEOUT",
+    20.0,
+    minimum=0.1,
+    help="PostgreSQL: seconds a request waits for a pooled connection before it fails.",
+)
+
+
 def _database(url: str) -> dict[str, Any]:
     try:
         config: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=60))
@@ -144,7 +169,18 @@ def _database(url: str) -> dict[str, Any]:
             "(false behind a pooler in transaction mode without prepared-statement "
             "support).",
         )
-        config.setdefault("OPTIONS", {})["prepare_threshold"] = 5 if prepared else None
+        options = config.setdefault("OPTIONS", {})
+        options["prepare_threshold"] = 5 if prepared else None
+        # Pooled connections are returned, not kept (Django requires 0); each
+        # keeps its prepared statements in the pool. No minimum: a process
+        # opens what its threads use at once (a worker process: one, which it
+        # gets back task after task), and an idle one closes after 10 minutes.
+        config["CONN_MAX_AGE"] = 0
+        options["pool"] = {
+            "min_size": 0,
+            "max_size": DATABASE_POOL_MAX_SIZE,
+            "timeout": DATABASE_POOL_TIMEOUT,
+        }
     return config
 
 
@@ -189,6 +225,15 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # or when broken (controlplane/celery.py).
 CELERY_DB_REUSE_MAX = 2**62
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}
+# Beat touches a heartbeat file on every tick and ticks at least this often, so
+# a healthcheck can tell a beat that stopped turning (controlplane/beat.py).
+CELERY_BEAT_SCHEDULER = "controlplane.beat:HeartbeatScheduler"
+CELERY_BEAT_MAX_LOOP_INTERVAL = 30
+BEAT_HEARTBEAT_FILE = env.string(
+    "BEAT_HEARTBEAT_FILE",
+    str(BASE_DIR / ".run" / "beat-heartbeat"),
+    help="File Celery beat touches on every tick (its healthcheck reads its age).",
+)
 
 # The shared cache (Redis) holds the failed-token counters, so every web process
 # counts against the same limit.
@@ -206,12 +251,24 @@ CACHES = {
 # block, so only a Redis that stops answering trips it (the stream then closes and
 # the client reconnects); TCP keepalive finds a peer that vanished, and a pooled
 # connection idle past the health check interval is pinged before it is used.
+#
+# A Redis restart kills every connection in the layer's pools; redis-py gives
+# pooled connections no retry, so each dead one failed the next command sent on
+# it ("Connection lost"): a WebSocket handshake (group_add) or a stream's
+# receive, minutes after Redis was back. A connection error is retried on a
+# new connection; a read timeout (a Redis that stopped answering) is not, so
+# such a stream still ends after socket_timeout.
 _CHANNEL_REDIS: dict[str, Any] = {
     "address": _REDIS,
     "socket_timeout": 15,
     "socket_connect_timeout": 5,
     "socket_keepalive": True,
     "health_check_interval": 30,
+    "retry": AsyncRedisRetry(
+        ExponentialWithJitterBackoff(cap=1.0, base=0.05),
+        3,
+        supported_errors=(RedisConnectionError,),
+    ),
 }
 CHANNEL_LAYERS = {
     "default": {
@@ -230,6 +287,17 @@ HEALTH_WORKER_TIMEOUT = env.number(
     minimum=0.05,
     help="Seconds /healthz waits for a Celery worker to answer a ping.",
 )
+
+IDEMPOTENCY_KEY_TTL_SECONDS = env.integer(
+    "IDEMPOTENCY_KEY_TTL_SECONDS",
+    24 * 3600,
+    minimum=60,
+    help="How long an Idempotency-Key (run start, approval decision) is remembered.",
+)
+CELERY_BEAT_SCHEDULE["controlplane-idempotency-keys-purge"] = {
+    "task": "controlplane.tasks.idempotency_keys_purge_task",
+    "schedule": 3600.0,
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -20,6 +20,11 @@ from rest_framework.views import APIView
 from controlplane.api_input import BoundedPagination, query_params
 from controlplane.api_schema import ErrorDetailSerializer
 from controlplane.budget_services import run_usage_against_caps
+from controlplane.idempotency import (
+    IDEMPOTENCY_KEY_PARAMETER,
+    IDEMPOTENCY_KEY_REUSED,
+    idempotent,
+)
 from controlplane.permissions import Action, action_required, method_actions
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
@@ -156,9 +161,19 @@ class RunListApi(APIView):
         return paginator.get_paginated_response(RunSerializer(page, many=True).data)
 
     @extend_schema(
-        request=RunStartInputSerializer, responses={201: RunDetailSerializer}
+        request=RunStartInputSerializer,
+        parameters=[IDEMPOTENCY_KEY_PARAMETER],
+        responses={201: RunDetailSerializer, 422: IDEMPOTENCY_KEY_REUSED},
     )
     def post(self, request: Request) -> Response:
+        return idempotent(
+            request,
+            tenant=tenant_of(request).tenant,
+            operation="run.start",
+            respond=lambda: self._start(request),
+        )
+
+    def _start(self, request: Request) -> Response:
         context = tenant_of(request)
         body = self.RunStartInputSerializer(data=request.data)
         body.is_valid(raise_exception=True)

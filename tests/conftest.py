@@ -121,9 +121,10 @@ def start_worker(
     concurrency: int = 1,
     pool: str = "prefork",
     extra_env: dict[str, str] | None = None,
+    name: str = "",
 ) -> WorkerProcess:
     """Start a real `celery worker` on the test database and wait until it answers."""
-    name = f"test-{uuid.uuid4().hex[:8]}@%h"
+    name = name or f"test-{uuid.uuid4().hex[:8]}@%h"
     log = tmp_path / f"worker-{uuid.uuid4().hex[:6]}.log"
     environ = dict(os.environ)
     environ.update(

@@ -3,12 +3,17 @@ the code: services, one image, commands that exist, variables the settings read.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
+import pytest
 import yaml
 from django.conf import settings
 from django.core.management import get_commands
@@ -178,3 +183,108 @@ def test_the_final_image_holds_the_installed_wheel_and_no_source_tree():
     assert "manage.py" not in final
     for words in (command_words(name) for name in PYTHON_SERVICES):
         assert "manage.py" not in " ".join(words)
+
+
+def healthcheck_words(service: str) -> list[str]:
+    test = COMPOSE["services"][service]["healthcheck"]["test"]
+    assert test[0] in ("CMD", "CMD-SHELL"), test
+    # Compose turns `$$` into a literal `$` for the container's shell.
+    return [word.replace("$$", "$") for word in test]
+
+
+def test_web_healthcheck_asks_readiness_not_a_worker():
+    from django.urls import resolve
+
+    from controlplane import health
+
+    joined = " ".join(healthcheck_words("web"))
+    url = re.search(r"http://127\.0\.0\.1:8000(/\S*?)'", joined)
+    assert url is not None, joined
+    assert resolve(url.group(1)).func is health.readyz
+
+
+def _check_environment(**extra: str) -> dict[str, str]:
+    from tests.conftest import database_url_for_subprocess
+
+    environ = dict(os.environ)
+    environ.update(
+        DATABASE_URL=database_url_for_subprocess(),
+        REDIS_URL=settings.REDIS_URL,
+        CELERY_QUEUE=settings.CELERY_TASK_DEFAULT_QUEUE,
+        # The image's `celery` and `python` are this environment's.
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        **extra,
+    )
+    return environ
+
+
+def run_healthcheck(service: str, **env: str) -> subprocess.CompletedProcess[str]:
+    words = healthcheck_words(service)
+    command = ["sh", "-c", words[1]] if words[0] == "CMD-SHELL" else words[1:]
+    if command[0] == "python":
+        command[0] = sys.executable
+    if command[0] == "celery":
+        command[:1] = [sys.executable, "-m", "celery"]
+    return subprocess.run(
+        command, cwd=BASE_DIR, env=_check_environment(**env), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_worker_healthcheck_passes_while_its_node_answers_and_fails_after(tmp_path):
+    from tests.conftest import start_worker
+
+    hostname = f"wt-{uuid.uuid4().hex[:8]}"
+    words = healthcheck_words("worker")
+    # `celery -A controlplane inspect ping -d celery@$HOSTNAME`: its own node only.
+    assert words[0] == "CMD-SHELL" and "celery@$HOSTNAME" in words[1]
+    assert "inspect ping" in words[1]
+    # With the worker command's default node name (celery@<hostname>).
+    assert "-n" not in command_words("worker")
+    worker = start_worker(tmp_path, name=f"celery@{hostname}")
+    try:
+        alive = run_healthcheck("worker", HOSTNAME=hostname)
+        assert alive.returncode == 0, alive.stdout + alive.stderr
+        other = run_healthcheck("worker", HOSTNAME=f"{hostname}-other")
+        assert other.returncode != 0
+    finally:
+        worker.stop()
+    gone = run_healthcheck("worker", HOSTNAME=hostname)
+    assert gone.returncode != 0
+
+
+def test_beat_healthcheck_follows_the_heartbeat_of_a_real_beat(tmp_path):
+    from controlplane.beat import HEARTBEAT_MAX_AGE
+
+    assert COMPOSE["services"]["beat"]["environment"]["BEAT_HEARTBEAT_FILE"]
+    heartbeat = tmp_path / "beat-heartbeat"
+    env = {"BEAT_HEARTBEAT_FILE": str(heartbeat)}
+    never = run_healthcheck("beat", **env)
+    assert never.returncode == 1 and "no heartbeat" in never.stderr
+    with (tmp_path / "beat.log").open("wb") as sink:
+        beat = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "controlplane", "beat",
+             "-l", "INFO", "-s", str(tmp_path / "schedule")],
+            cwd=BASE_DIR, env=_check_environment(**env), stdout=sink,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not heartbeat.exists():
+            assert beat.poll() is None, (tmp_path / "beat.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "beat.log").read_text()
+            time.sleep(0.2)
+        ticking = run_healthcheck("beat", **env)
+        assert ticking.returncode == 0, ticking.stderr
+    finally:
+        beat.terminate()
+        beat.wait(30)
+    # A beat that stopped turning: its last tick grows old.
+    old = time.time() - HEARTBEAT_MAX_AGE - 5
+    os.utime(heartbeat, (old, old))
+    stale = run_healthcheck("beat", **env)
+    assert stale.returncode == 1 and "last tick" in stale.stderr
+    # Beat ticks well within the age the check allows.
+    assert settings.CELERY_BEAT_MAX_LOOP_INTERVAL * 3 <= HEARTBEAT_MAX_AGE

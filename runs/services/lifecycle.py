@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -12,6 +13,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from controlplane import metrics
 from controlplane.budget_ledger import budget_select
@@ -41,6 +43,8 @@ from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason
 from runs.models import Agent, Run, ToolCall
 from runs.runtime import effective_limits
+
+logger = logging.getLogger(__name__)
 
 
 class RunInputError(ValueError):
@@ -78,16 +82,34 @@ def step_dispatch_on_commit(run: Run) -> None:
 
     run_id, token = str(run.id), str(run.step_token)
     traceparent = traceparent_for(run) if run.trace_id else None
-    transaction.on_commit(
-        # Celery's own repr of the arguments (for monitoring) cost about 0.1 ms
-        # a step; the run id says what the task is about. (celery-types lacks
-        # these documented options.)
-        lambda: advance_run_task.apply_async(  # type: ignore[call-arg]
-            kwargs={"run_id": run_id, "step_token": token, "traceparent": traceparent},
-            argsrepr="()",
-            kwargsrepr=f"{{'run_id': '{run_id}'}}",
-        )
-    )
+
+    def dispatch() -> None:
+        try:
+            # Celery's own repr of the arguments (for monitoring) cost about 0.1 ms
+            # a step; the run id says what the task is about. (celery-types lacks
+            # these documented options.)
+            advance_run_task.apply_async(  # type: ignore[call-arg]
+                kwargs={
+                    "run_id": run_id,
+                    "step_token": token,
+                    "traceparent": traceparent,
+                },
+                argsrepr="()",
+                kwargsrepr=f"{{'run_id': '{run_id}'}}",
+            )
+        except BrokerUnavailable:
+            # What was committed stands (the run, a decision): the caller answers
+            # with it. The committed token has no task; recovery enqueues one
+            # (recover_stalled_runs), so raising here would only turn work that
+            # was done into an error, and a client's retry into a second run.
+            logger.warning(
+                "run %s: the broker is unavailable, step not enqueued; "
+                "recovery will enqueue it",
+                run_id,
+                exc_info=True,
+            )
+
+    transaction.on_commit(dispatch)
 
 
 @transaction.atomic

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,15 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from approvals.models import ApprovalRequest
 from controlplane.embedded_redis import EmbeddedRedis
 from controlplane.services import api_token_issue
 from runs.models import Run
 from runs.services import run_start
+from tests.approvals.conftest import REFUND_ARGS, call, script_of
 from tests.frontend.conftest import DaphneServer
+from tests.runs.conftest import drive
+from tracing.models import RunEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,5 +139,97 @@ async def test_a_redis_that_stops_answering_still_ends_an_idle_stream(
         # Heartbeats went on until the layer gave up: the consumer was alive.
         assert any(f["type"] == "heartbeat" for f in frames)
         assert "Timeout reading from" in daphne.output()
+    finally:
+        daphne.stop()
+
+
+async def _hello(server: DaphneServer, path: str, secret: str) -> dict[str, Any]:
+    """The first frame of a new stream: a handshake that failed raises."""
+    async with connect(server, path, secret) as ws:
+        return dict(json.loads(await asyncio.wait_for(ws.recv(), 15)))
+
+
+def _post(server: DaphneServer, path: str, secret: str, body: Any) -> int:
+    request = urllib.request.Request(
+        server.url + path, data=json.dumps(body).encode(), method="POST",
+        headers={"Authorization": f"Bearer {secret}",
+                 "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return int(reply.status)
+
+
+@pytest.fixture
+def approval(
+    shop: Any, scripted_agent: Any, admin_user: Any
+) -> tuple[ApprovalRequest, int]:
+    """A run driven in this process to its approval wait (a refund), and the
+    last seq of its event log then."""
+    agent = scripted_agent(
+        script_of(call("refund", REFUND_ARGS)),
+        ["lookup_order", "refund"],
+        slug="refunder",
+    )
+    waiting = drive(
+        run_start(tenant=shop, agent_slug=agent.slug, input="help", started_by=None)
+    )
+    assert waiting.status == Run.Status.WAITING_APPROVAL, waiting.stop_detail
+    pending = ApprovalRequest.objects.get(run=waiting, status="pending")
+    seqs = RunEvent.objects.filter(run=waiting).values_list("seq", flat=True)
+    return pending, max(seqs, default=0)
+
+
+async def test_after_a_redis_restart_handshakes_succeed_and_streams_deliver_events(
+    approval: tuple[ApprovalRequest, int],
+    secret: str,
+    tmp_path: Path,
+    own_redis: EmbeddedRedis,
+) -> None:
+    """Every pooled connection of the layer dies with a Redis restart; each was
+    used once more and failed ("Connection lost"), failing a handshake long after
+    Redis was back. The layer reconnects instead, and live events flow again."""
+    # Nothing is appended to the run's log before the decision below.
+    pending, last_seq = approval
+    run_id = pending.run_id
+    daphne = DaphneServer(
+        tmp_path,
+        # Heartbeats (which also refill from the log) stay out of the way: an
+        # event seen below came through the layer.
+        env={"REDIS_URL": own_redis.url, "STREAM_HEARTBEAT_SECONDS": "120"},
+    ).start()
+    streams = [f"/ws/runs/{run_id}/?after_seq=0", "/ws/tenant/"]
+    try:
+        # Concurrent streams: the layer's pool holds several connections.
+        hellos = await asyncio.gather(
+            *(_hello(daphne, streams[n % 2], secret) for n in range(12))
+        )
+        assert {frame["type"] for frame in hellos} == {"hello"}
+        own_redis.stop()
+        own_redis.start()  # the same port
+        for n in range(24):
+            hello = await _hello(daphne, streams[n % 2], secret)
+            assert hello["type"] == "hello", (n, hello, daphne.output())
+        after = await asyncio.gather(
+            *(_hello(daphne, streams[n % 2], secret) for n in range(12))
+        )
+        assert {frame["type"] for frame in after} == {"hello"}, after
+        async with connect(
+            daphne, f"/ws/runs/{run_id}/?after_seq={last_seq}", secret
+        ) as ws:
+            assert json.loads(await asyncio.wait_for(ws.recv(), 15))["type"] == "hello"
+            # Daphne records the decision and broadcasts its event.
+            status = await asyncio.to_thread(
+                _post,
+                daphne,
+                f"/api/v1/approvals/{pending.id}/decide/",
+                secret,
+                {"decision": "deny", "reason": "not today"},
+            )
+            assert status == 200
+            frames = await collect_for(ws, 15)
+        events = [f["event"] for f in frames if f["type"] == "event"]
+        assert events, (frames, daphne.output())
+        assert events[0]["seq"] == last_seq + 1
+        assert "Connection lost" not in daphne.output()
     finally:
         daphne.stop()
