@@ -142,6 +142,7 @@ def _replay(secret: str, path: str, *, last_id: int) -> list[dict[str, Any]]:
             application,
             path,
             headers=[
+                (b"host", b"testserver"),
                 (b"origin", b"http://testserver"),
                 (b"authorization", f"Bearer {secret}".encode()),
             ],
