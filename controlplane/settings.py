@@ -308,9 +308,22 @@ RUN_LEASE_SECONDS = env.number(
 # The tenant's approval rules (approvals app); fail-safe: a raising hook denies.
 RUN_POLICY_HOOK = "approvals.policy.tenant_policy"
 CELERY_TASK_TIME_LIMIT = int(RUN_LEASE_SECONDS) + 60
+RUN_ENQUEUE_GRACE_SECONDS = env.number(
+    "RUN_ENQUEUE_GRACE_SECONDS",
+    5.0,
+    minimum=0.5,
+    help="A step enqueued this long ago, with no lease and no message in the queue, "
+    "was lost (a Redis restart, a worker that died whole): recovery enqueues it again.",
+)
+RUN_RECOVERY_INTERVAL_SECONDS = env.number(
+    "RUN_RECOVERY_INTERVAL_SECONDS",
+    5.0,
+    minimum=1.0,
+    help="How often beat runs the recovery of runs whose step was lost.",
+)
 CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
     "task": "runs.tasks.recover_stalled_runs_task",
-    "schedule": 15.0,
+    "schedule": RUN_RECOVERY_INTERVAL_SECONDS,
 }
 DEMO_SEEDERS.append("runs.demo.demo_seed_shop")
 

@@ -699,8 +699,11 @@ def _finish(
         )
         if dimension:  # the exact tenant budget dimension, not the engine's nearest
             run_save(ctx.run, stop_reason=dimension)
-    # Releases what the run still reserves and frees its concurrency slot.
-    budget_run_ended(run=ctx.run, reason=reason, dimension=dimension, detail=detail)
+        # Releases what the run still reserves and frees its concurrency slot,
+        # with the outcome: a worker lost after this commit leaks nothing (its
+        # root span is ended by tracing's sweep, spans_end_of_finished_runs).
+        budget_run_ended(run=ctx.run, reason=reason, dimension=dimension, detail=detail)
+    failpoint("after_run_finished")
     raise StepEnded("finished")
 
 
@@ -746,7 +749,10 @@ def _continue(ctx: StepContext, spans: ExitStack, batch: SpanBatch) -> None:
     spans.close()
     prepared = batch.prepare()
     checkpoint = ctx.checkpoint_prepare(
-        lease_owner="", lease_expires_at=None, step_token=uuid.uuid4()
+        lease_owner="",
+        lease_expires_at=None,
+        step_token=uuid.uuid4(),
+        enqueued_at=timezone.now(),
     )
     try:
         with recoverable_transaction():  # lost: recovery enqueues the step again

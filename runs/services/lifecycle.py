@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -41,6 +42,8 @@ from runs.engine.stop import StopReason
 from runs.models import Agent, Run, ToolCall
 from runs.runtime import effective_limits
 
+logger = logging.getLogger(__name__)
+
 
 class RunInputError(ValueError):
     """The request to start a run is invalid; nothing was written."""
@@ -63,9 +66,11 @@ def step_enqueue(run: Run) -> None:
 
     The token makes a stale or duplicate delivery a no-op (it no longer matches).
     """
-    token = uuid.uuid4()
-    Run.objects.filter(id=run.id).update(step_token=token, version=F("version") + 1)
-    run.step_token = token
+    token, now = uuid.uuid4(), timezone.now()
+    Run.objects.filter(id=run.id).update(
+        step_token=token, enqueued_at=now, version=F("version") + 1
+    )
+    run.step_token, run.enqueued_at = token, now
     run.version += 1
     step_dispatch_on_commit(run)
 
@@ -77,16 +82,29 @@ def step_dispatch_on_commit(run: Run) -> None:
 
     run_id, token = str(run.id), str(run.step_token)
     traceparent = traceparent_for(run) if run.trace_id else None
-    transaction.on_commit(
-        # Celery's own repr of the arguments (for monitoring) cost about 0.1 ms
-        # a step; the run id says what the task is about. (celery-types lacks
-        # these documented options.)
-        lambda: advance_run_task.apply_async(  # type: ignore[call-arg]
-            kwargs={"run_id": run_id, "step_token": token, "traceparent": traceparent},
-            argsrepr="()",
-            kwargsrepr=f"{{'run_id': '{run_id}'}}",
-        )
-    )
+
+    def enqueue() -> None:
+        try:
+            # Celery's own repr of the arguments (for monitoring) cost about
+            # 0.1 ms a step; the run id says what the task is about.
+            # (celery-types lacks these documented options.)
+            advance_run_task.apply_async(  # type: ignore[call-arg]
+                kwargs={"run_id": run_id, "step_token": token,
+                        "traceparent": traceparent},
+                argsrepr="()",
+                kwargsrepr=f"{{'run_id': '{run_id}'}}",
+            )  # fmt: skip
+        except Exception:  # noqa: BLE001 - the step is committed: recovery's job
+            # The token is committed with `enqueued_at`: recovery sees no
+            # message for it and enqueues the step again. Raising here would
+            # undo nothing and make the caller believe the commit failed.
+            logger.warning(
+                "run %s: enqueue of its next step failed; recovery will enqueue it",
+                run_id,
+                exc_info=True,
+            )
+
+    transaction.on_commit(enqueue)
 
 
 @transaction.atomic
