@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 
+import logging
+
 from celery import Celery
+from celery.concurrency import prefork
 from celery.signals import task_postrun, task_prerun, worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+logger = logging.getLogger(__name__)
 
 app = Celery("controlplane")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -32,3 +37,21 @@ def _configure_tracing_after_fork(**_: object) -> None:
     from tracing.setup import configure_tracing
 
     configure_tracing(force=True)
+
+
+class TaskPool(prefork.TaskPool):
+    """Celery's prefork pool, surviving the loss of a process as it starts.
+
+    Celery checks once, as the worker starts consuming, that no pool process
+    has exited yet, and stops the whole worker ("Could not start worker
+    processes") if one has: a process killed then (the OOM killer, an
+    operator) took down every run the worker was about to take. Such a process
+    is replaced like one lost later; a pool that keeps dying still stops the
+    worker (billiard's restart limit).
+    """
+
+    def did_start_ok(self) -> bool:
+        if not super().did_start_ok():  # reaps the exited processes
+            logger.warning("a pool process exited as the worker started; replacing it")
+            self._pool.maintain_pool()
+        return True

@@ -168,6 +168,8 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"ack_emulation": False}
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# The prefork pool (`-P prefork` means it too), surviving a process lost at start.
+CELERY_WORKER_POOL = "controlplane.celery:TaskPool"
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = env.string(

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from celery import shared_task
+from celery.signals import worker_process_init
 
+from runs.failpoints import failpoint
 from runs.services import recover_stalled_runs, run_advance
+
+
+@worker_process_init.connect
+def _failpoint_at_process_start(**_: object) -> None:
+    failpoint("worker_process_init")  # a pool process lost as it starts
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
