@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 import logging
+import os
 
 from celery import Celery
 from celery.concurrency import prefork
@@ -53,5 +52,5 @@ class TaskPool(prefork.TaskPool):
     def did_start_ok(self) -> bool:
         if not super().did_start_ok():  # reaps the exited processes
             logger.warning("a pool process exited as the worker started; replacing it")
-            self._pool.maintain_pool()
+            self.maintain_pool()  # billiard's, bound as the pool started
         return True
