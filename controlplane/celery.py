@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
 
+import redis
 from celery import Celery
 from celery.concurrency import prefork
-from celery.signals import task_postrun, task_prerun, worker_process_init
+from celery.signals import task_postrun, task_prerun, worker_process_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -54,3 +60,52 @@ class TaskPool(prefork.TaskPool):
             logger.warning("a pool process exited as the worker started; replacing it")
             self.maintain_pool()  # billiard's, bound as the pool started
         return True
+
+
+# A worker's heartbeat: a key in the broker's Redis, renewed by its main process.
+# Its absence says the worker is gone whole (its pool processes die with it), so
+# recovery hands its runs on without waiting out their lease (runs.services.recovery).
+WORKER_HEARTBEAT_SECONDS = 2.0
+WORKER_SILENT_SECONDS = 10
+
+
+def worker_alive_key(hostname: str) -> str:
+    return f"controlplane:worker-alive:{hostname}"
+
+
+@worker_ready.connect
+def _start_heartbeat(sender: Any = None, **_: object) -> None:
+    hostname = str(getattr(sender, "hostname", "") or "")
+    if hostname:
+        threading.Thread(
+            target=_heartbeat, args=(hostname,), name="worker-heartbeat", daemon=True
+        ).start()
+
+
+def _heartbeat(hostname: str) -> None:
+    client = redis.Redis.from_url(
+        app.conf.broker_url, socket_timeout=2, socket_connect_timeout=2
+    )
+    key = worker_alive_key(hostname)
+    while True:
+        # Redis down: recovery cannot read it either, and waits.
+        with contextlib.suppress(redis.RedisError):
+            client.set(key, "1", ex=WORKER_SILENT_SECONDS)
+        time.sleep(WORKER_HEARTBEAT_SECONDS)
+
+
+def workers_gone(hostnames: Iterable[str]) -> set[str]:
+    """The workers among `hostnames` whose heartbeat stopped. None while Redis
+    has been up for less than a heartbeat's life: after a restart the workers'
+    keys may have lapsed during the outage. Raises redis.RedisError."""
+    names = sorted(set(hostnames))
+    if not names:
+        return set()
+    client = redis.Redis.from_url(app.conf.broker_url, socket_timeout=5)
+    try:
+        if int(client.info("server")["uptime_in_seconds"]) < WORKER_SILENT_SECONDS:
+            return set()
+        alive = client.mget([worker_alive_key(name) for name in names])
+    finally:
+        client.close()
+    return {name for name, beat in zip(names, alive, strict=True) if beat is None}

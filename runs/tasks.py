@@ -29,6 +29,7 @@ def advance_run_task(  # type: ignore[no-untyped-def]
         step_token=step_token,
         owner=self.request.id or step_token,
         traceparent=traceparent,
+        worker=self.request.hostname or "",
     )
 
 

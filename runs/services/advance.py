@@ -184,14 +184,22 @@ class Checkpoint:
 
 
 def run_advance(
-    *, run_id: str, step_token: str, owner: str, traceparent: str | None = None
+    *,
+    run_id: str,
+    step_token: str,
+    owner: str,
+    traceparent: str | None = None,
+    worker: str = "",
 ) -> str:
     """Advance the run by one step; a stale or duplicate delivery is a no-op.
 
     Returns what happened: skipped, continued, waiting, finished or lease_lost.
-    `traceparent` names the run's root span (the trace crosses into the task).
+    `traceparent` names the run's root span (the trace crosses into the task);
+    `worker` is the Celery worker's node name, recorded with the lease.
     """
-    lease = lease_acquire(run_id=run_id, step_token=step_token, owner=owner)
+    lease = lease_acquire(
+        run_id=run_id, step_token=step_token, owner=owner, worker=worker
+    )
     if lease is None:
         return "skipped"
     run = lease.run

@@ -177,7 +177,9 @@ class Lease(NamedTuple):
     price: PriceLookup  # of the agent's model, read with the lease
 
 
-def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
+def lease_acquire(
+    *, run_id: str, step_token: str, owner: str, worker: str = ""
+) -> Lease | None:
     """Take the run's lease by compare-and-set on `version`; None if not ours to take.
 
     A delivery whose token is stale, a run already finished or waiting, or a lease
@@ -198,6 +200,8 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
         "lease_expires_at": expires,
         "version": run.version + 1,
     }
+    if run.lease_worker != worker:
+        changes["lease_worker"] = worker
     # Only when it changes: a column in the SET list rewrites its indexes' entries.
     if run.status != Run.Status.RUNNING:
         changes["status"] = Run.Status.RUNNING

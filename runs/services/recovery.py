@@ -2,10 +2,11 @@
 
 A step is held by the message of its token in the broker's queue (a backlog,
 however long, is not stalled), then by the worker that took it (the lease). It
-is lost when its worker died mid-step (the lease expired), or when its message
-is gone with no lease taken: the enqueue failed, Redis lost it, or a worker
-that died whole held it (no ack emulation: docs/engine.md). The second is seen
-within RUN_ENQUEUE_GRACE_SECONDS of the enqueue, not a lease later.
+is lost when its worker died mid-step: its heartbeat stopped (it died whole;
+seen within seconds) or its lease expired; or when its message is gone with no
+lease taken: the enqueue failed, Redis lost it, or a worker that died whole held
+it (no ack emulation: docs/engine.md), seen RUN_ENQUEUE_GRACE_SECONDS after the
+enqueue.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.budget_services import budget_release_run, runs_start_queued
+from controlplane.celery import workers_gone
 from runs.models import Run
 from runs.services.lifecycle import step_enqueue
 from tracing.spans import spans_abandon_of_dead_workers
@@ -69,7 +71,8 @@ def recover_stalled_runs() -> int:
     """Re-enqueue the runs whose step was lost (see the module docstring); the
     new step token turns any late original delivery into a no-op."""
     now = timezone.now()
-    stale = now - dt.timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    lease = dt.timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    stale = now - lease
     grace = now - dt.timedelta(seconds=settings.RUN_ENQUEUE_GRACE_SECONDS)
     # Its worker died mid-step: the lease ran out.
     candidates = dict(
@@ -77,6 +80,27 @@ def recover_stalled_runs() -> int:
             status=Run.Status.RUNNING, lease_expires_at__lt=now
         ).values_list("id", "version")
     )
+    # Leased by a worker whose heartbeat stopped: it died whole mid-step. (A
+    # lease renewed less than a grace ago may be a worker starting up.)
+    held = (
+        Run.objects.filter(
+            status=Run.Status.RUNNING,
+            lease_expires_at__gte=now,
+            lease_expires_at__lt=grace + lease,
+        )
+        .exclude(lease_worker="")
+        .exclude(lease_owner="")
+    )
+    held_by = list(held.values_list("id", "version", "lease_worker"))
+    if held_by:
+        try:
+            gone = workers_gone(worker for _, _, worker in held_by)
+        except redis.RedisError:
+            logger.warning("recovery: the workers' heartbeats are unreadable")
+            gone = set()
+        for run_id, version, worker in held_by:
+            if worker in gone:
+                candidates.setdefault(run_id, version)
     # Enqueued a while ago and not leased since: in the queue, or lost. A queued
     # run with no step token waits for a concurrency slot, not a task.
     unleased = Run.objects.filter(

@@ -5,6 +5,7 @@ stopped), real Celery workers, really killed."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings as django_settings
+from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
@@ -229,6 +231,37 @@ def test_backlog_is_not_re_enqueued_and_a_lost_step_is(
 
 def _decoded(raw: bytes) -> str:
     return base64.b64decode(json.loads(raw)["body"]).decode()
+
+
+def test_whole_worker_killed_mid_step_is_recovered_without_waiting_out_the_lease(
+    shop, scripted_agent, tmp_path
+):
+    """Item 6: a worker dies whole (solo pool: the task's process is the
+    worker) holding a 120 s lease; its heartbeat stops, and recovery hands the
+    run to another worker within seconds, not a lease later."""
+    assert django_settings.RUN_LEASE_SECONDS == 120
+    scripted_agent(LOOKUP_SCRIPT, ["lookup_order"])
+    first = start_worker(
+        tmp_path,
+        pool="solo",
+        extra_env={"RUN_FAILPOINTS": "after_tool_execute",
+                   "RUN_FAILPOINT_DIR": str(tmp_path)},
+    )  # fmt: skip
+    (run,) = start_runs(shop, 1)
+    wait_for(lambda: first.process.poll() is not None)  # SIGKILLed mid-step
+    run.refresh_from_db()
+    assert run.status == "running" and run.lease_worker.startswith("test-")
+    assert run.lease_expires_at > timezone.now() + dt.timedelta(seconds=60)
+    assert recover_stalled_runs() == 0  # its heartbeat has not lapsed yet
+    second = start_worker(tmp_path)
+    try:
+        wait_for(lambda: time.sleep(1) or recover_stalled_runs(), timeout=25)
+        run = wait_for(lambda: settled(run))
+    finally:
+        second.stop()
+    assert run.status == "unverified", (run.stop_reason, run.stop_detail)
+    assert run.steps == 2
+    assert ToolCall.objects.get(run=run).status == "succeeded"  # read-only: re-run
 
 
 def test_pool_process_killed_as_the_worker_starts_does_not_stop_the_worker(
