@@ -251,6 +251,12 @@ def _step(ctx: StepContext) -> None:
         assert step is not None, "open calls without a recorded step"
         _after_calls(ctx, step, _run_calls(ctx, step, open_calls))
         return
+    last = ctx.state.transcript.messages[-1]
+    if last["role"] == "assistant" and not last.get("tool_calls"):
+        # A final answer on record: its worker died before the run's end was
+        # committed. Asking the model again would answer (and bill) twice.
+        ctx.state.final_text = last.get("content") or ""
+        _finish(ctx, StopReason.DONE)
     step, action, rows = _ask_model(ctx)
     if isinstance(action, FinalAnswer):
         ctx.state.final_text = action.text
