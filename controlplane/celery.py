@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import logging.config
 import os
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
 
+import redis
 from celery import Celery
+from celery.concurrency import prefork
 from celery.signals import (
     setup_logging,
     task_postrun,
     task_prerun,
     worker_init,
     worker_process_init,
+    worker_ready,
 )
 from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+logger = logging.getLogger(__name__)
 
 app = Celery("controlplane")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -57,3 +68,70 @@ def _import_the_model_sdk_before_the_fork(**_: object) -> None:
     # would otherwise spend seconds importing the SDK, during which its lease
     # renewal thread hardly ran (a short lease ran out under it).
     importlib.import_module("runs.engine.adapters.openai_compatible")
+
+
+class TaskPool(prefork.TaskPool):
+    """Celery's prefork pool, surviving the loss of a process as it starts.
+
+    Celery checks once, as the worker starts consuming, that no pool process
+    has exited yet, and stops the whole worker ("Could not start worker
+    processes") if one has: a process killed then (the OOM killer, an
+    operator) took down every run the worker was about to take. Such a process
+    is replaced like one lost later; a pool that keeps dying still stops the
+    worker (billiard's restart limit).
+    """
+
+    def did_start_ok(self) -> bool:
+        if not super().did_start_ok():  # reaps the exited processes
+            logger.warning("a pool process exited as the worker started; replacing it")
+            self.maintain_pool()  # billiard's, bound as the pool started
+        return True
+
+
+# A worker's heartbeat: a key in the broker's Redis, renewed by its main process.
+# Its absence says the worker is gone whole (its pool processes die with it), so
+# recovery hands its runs on without waiting out their lease (runs.services.recovery).
+WORKER_HEARTBEAT_SECONDS = 2.0
+WORKER_SILENT_SECONDS = 10
+
+
+def worker_alive_key(hostname: str) -> str:
+    return f"controlplane:worker-alive:{hostname}"
+
+
+@worker_ready.connect
+def _start_heartbeat(sender: Any = None, **_: object) -> None:
+    hostname = str(getattr(sender, "hostname", "") or "")
+    if hostname:
+        threading.Thread(
+            target=_heartbeat, args=(hostname,), name="worker-heartbeat", daemon=True
+        ).start()
+
+
+def _heartbeat(hostname: str) -> None:
+    client = redis.Redis.from_url(
+        app.conf.broker_url, socket_timeout=2, socket_connect_timeout=2
+    )
+    key = worker_alive_key(hostname)
+    while True:
+        # Redis down: recovery cannot read it either, and waits.
+        with contextlib.suppress(redis.RedisError):
+            client.set(key, "1", ex=WORKER_SILENT_SECONDS)
+        time.sleep(WORKER_HEARTBEAT_SECONDS)
+
+
+def workers_gone(hostnames: Iterable[str]) -> set[str]:
+    """The workers among `hostnames` whose heartbeat stopped. None while Redis
+    has been up for less than a heartbeat's life: after a restart the workers'
+    keys may have lapsed during the outage. Raises redis.RedisError."""
+    names = sorted(set(hostnames))
+    if not names:
+        return set()
+    client = redis.Redis.from_url(app.conf.broker_url, socket_timeout=5)
+    try:
+        if int(client.info("server")["uptime_in_seconds"]) < WORKER_SILENT_SECONDS:
+            return set()
+        alive = client.mget([worker_alive_key(name) for name in names])
+    finally:
+        client.close()
+    return {name for name, beat in zip(names, alive, strict=True) if beat is None}

@@ -213,6 +213,8 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"ack_emulation": False}
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# The prefork pool (`-P prefork` means it too), surviving a process lost at start.
+CELERY_WORKER_POOL = "controlplane.celery:TaskPool"
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = env.string(
@@ -533,9 +535,22 @@ RUN_POLICY_HOOK = "approvals.policy.tenant_policy"
 # meanwhile); the minute beyond the larger of that and the lease is for the
 # step's tool calls and writes.
 CELERY_TASK_TIME_LIMIT = int(max(RUN_LEASE_SECONDS, RUN_MODEL_DEADLINE_SECONDS)) + 60
+RUN_ENQUEUE_GRACE_SECONDS = env.number(
+    "RUN_ENQUEUE_GRACE_SECONDS",
+    5.0,
+    minimum=0.5,
+    help="A step enqueued this long ago, with no lease and no message in the queue, "
+    "was lost (a Redis restart, a worker that died whole): recovery enqueues it again.",
+)
+RUN_RECOVERY_INTERVAL_SECONDS = env.number(
+    "RUN_RECOVERY_INTERVAL_SECONDS",
+    5.0,
+    minimum=1.0,
+    help="How often beat runs the recovery of runs whose step was lost.",
+)
 CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
     "task": "runs.tasks.recover_stalled_runs_task",
-    "schedule": 15.0,
+    "schedule": RUN_RECOVERY_INTERVAL_SECONDS,
 }
 DEMO_SEEDERS.append("runs.demo.demo_seed_shop")
 METRICS_COLLECTORS.append("runs.metrics.run_gauges")

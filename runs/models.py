@@ -95,6 +95,12 @@ class Run(models.Model):
     step_token = models.UUIDField(null=True, blank=True)
     lease_owner = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The Celery worker (node name) holding the lease: its heartbeat in Redis
+    # says whether it still lives (controlplane.celery.workers_gone).
+    lease_worker = models.CharField(max_length=200, blank=True)
+    # When the message of the current step token was published: a step not
+    # leased long after this, whose message is in no queue, was lost (recovery).
+    enqueued_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     trace_id = models.CharField(max_length=32, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

@@ -5,10 +5,17 @@ from __future__ import annotations
 import time
 
 from celery import shared_task
+from celery.signals import worker_process_init
 
 from controlplane import metrics
+from runs.failpoints import failpoint
 from runs.services import recover_stalled_runs, run_advance
 from runs.services.retention import retention_sweep
+
+
+@worker_process_init.connect
+def _failpoint_at_process_start(**_: object) -> None:
+    failpoint("worker_process_init")  # a pool process lost as it starts
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
@@ -27,6 +34,7 @@ def advance_run_task(  # type: ignore[no-untyped-def]
         step_token=step_token,
         owner=self.request.id or step_token,
         traceparent=traceparent,
+        worker=self.request.hostname or "",
     )
     metrics.step_observed(outcome=outcome, seconds=time.monotonic() - started)
     return outcome

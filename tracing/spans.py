@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 from opentelemetry import context as otel_context
@@ -50,6 +51,7 @@ __all__ = [
     "run_root_end",
     "run_verdict",
     "spans_abandon_of_dead_workers",
+    "spans_end_of_finished_runs",
     "step_span",
     "tool_span",
     "traceparent_for",
@@ -240,6 +242,31 @@ def run_root_end(run: Run) -> None:
 def run_verdict(run: Run) -> tuple[str, str]:
     """The verdict on a finished run and its reason (see `verdict_of`)."""
     return verdict_of(run.status, run.evaluation)
+
+
+def spans_end_of_finished_runs() -> int:
+    """End the root span of runs whose finisher died after committing the outcome
+    (before its step span ended the root): the root has no lease, so only this
+    sees it. A finisher alive ends it within milliseconds; this waits a span lease."""
+    cutoff = timezone.now() - dt.timedelta(seconds=settings.TRACING_SPAN_LEASE_SECONDS)
+    roots = Span.objects.filter(
+        status=Span.Status.RUNNING,
+        parent_span_id="",
+        lease_expires_at__isnull=True,
+        run__status__in=Run.TERMINAL,
+        run__finished_at__lt=cutoff,
+    ).select_related("run")
+    ended = 0
+    for root in roots[:1000]:
+        run = root.run
+        if root.trace_id != run.trace_id or root.span_id != f"{root_span_id(run):016x}":
+            continue  # an ingested span without a parent, not a run's root
+        try:
+            run_root_end(run)
+            ended += 1
+        except Exception:  # noqa: BLE001 - one run's trace never stops the sweep
+            logger.warning("tracing: root end of run %s", run.id, exc_info=True)
+    return ended
 
 
 def spans_abandon_of_dead_workers(run: Run) -> None:

@@ -193,14 +193,22 @@ class Checkpoint:
 
 
 def run_advance(
-    *, run_id: str, step_token: str, owner: str, traceparent: str | None = None
+    *,
+    run_id: str,
+    step_token: str,
+    owner: str,
+    traceparent: str | None = None,
+    worker: str = "",
 ) -> str:
     """Advance the run by one step; a stale or duplicate delivery is a no-op.
 
     Returns what happened: skipped, continued, waiting, finished or lease_lost.
-    `traceparent` names the run's root span (the trace crosses into the task).
+    `traceparent` names the run's root span (the trace crosses into the task);
+    `worker` is the Celery worker's node name, recorded with the lease.
     """
-    lease = lease_acquire(run_id=run_id, step_token=step_token, owner=owner)
+    lease = lease_acquire(
+        run_id=run_id, step_token=step_token, owner=owner, worker=worker
+    )
     if lease is None:
         return "skipped"
     run = lease.run
@@ -261,6 +269,12 @@ def _step(ctx: StepContext, open_calls: list[ToolCall]) -> None:
         assert step is not None, "open calls without a recorded step"
         _after_calls(ctx, step, _run_calls(ctx, step, open_calls))
         return
+    last = ctx.state.transcript.messages[-1]
+    if last["role"] == "assistant" and not last.get("tool_calls"):
+        # A final answer on record: its worker died before the run's end was
+        # committed. Asking the model again would answer (and bill) twice.
+        ctx.state.final_text = last.get("content") or ""
+        _finish(ctx, StopReason.DONE)
     step, action, rows = _ask_model(ctx)
     if isinstance(action, FinalAnswer):
         ctx.state.final_text = action.text
@@ -751,8 +765,11 @@ def _finish(
         )
         if dimension:  # the exact tenant budget dimension, not the engine's nearest
             run_save(ctx.run, stop_reason=dimension)
-    # Releases what the run still reserves and frees its concurrency slot.
-    budget_run_ended(run=ctx.run, reason=reason, dimension=dimension, detail=detail)
+        # Releases what the run still reserves and frees its concurrency slot,
+        # with the outcome: a worker lost after this commit leaks nothing (its
+        # root span is ended by tracing's sweep, spans_end_of_finished_runs).
+        budget_run_ended(run=ctx.run, reason=reason, dimension=dimension, detail=detail)
+    failpoint("after_run_finished")
     raise StepEnded("finished")
 
 
@@ -798,7 +815,10 @@ def _continue(ctx: StepContext, spans: ExitStack, batch: SpanBatch) -> None:
     spans.close()
     prepared = batch.prepare()
     checkpoint = ctx.checkpoint_prepare(
-        lease_owner="", lease_expires_at=None, step_token=uuid.uuid4()
+        lease_owner="",
+        lease_expires_at=None,
+        step_token=uuid.uuid4(),
+        enqueued_at=timezone.now(),
     )
     try:
         with recoverable_transaction():  # lost: recovery enqueues the step again

@@ -68,9 +68,11 @@ def step_enqueue(run: Run) -> None:
 
     The token makes a stale or duplicate delivery a no-op (it no longer matches).
     """
-    token = uuid.uuid4()
-    Run.objects.filter(id=run.id).update(step_token=token, version=F("version") + 1)
-    run.step_token = token
+    token, now = uuid.uuid4(), timezone.now()
+    Run.objects.filter(id=run.id).update(
+        step_token=token, enqueued_at=now, version=F("version") + 1
+    )
+    run.step_token, run.enqueued_at = token, now
     run.version += 1
     step_dispatch_on_commit(run)
 
@@ -99,9 +101,10 @@ def step_dispatch_on_commit(run: Run) -> None:
             )
         except BrokerUnavailable:
             # What was committed stands (the run, a decision): the caller answers
-            # with it. The committed token has no task; recovery enqueues one
-            # (recover_stalled_runs), so raising here would only turn work that
-            # was done into an error, and a client's retry into a second run.
+            # with it. The token is committed with `enqueued_at` and no message;
+            # recovery enqueues it (recover_stalled_runs), so raising here would
+            # only turn work that was done into an error, and a client's retry
+            # into a second run.
             logger.warning(
                 "run %s: the broker is unavailable, step not enqueued; "
                 "recovery will enqueue it",
@@ -188,7 +191,9 @@ class Lease(NamedTuple):
     price: PriceLookup  # of the agent's model, read with the lease
 
 
-def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
+def lease_acquire(
+    *, run_id: str, step_token: str, owner: str, worker: str = ""
+) -> Lease | None:
     """Take the run's lease by compare-and-set on `version`; None if not ours to take.
 
     A delivery whose token is stale, a run already finished or waiting, or a lease
@@ -209,6 +214,8 @@ def lease_acquire(*, run_id: str, step_token: str, owner: str) -> Lease | None:
         "lease_expires_at": expires,
         "version": run.version + 1,
     }
+    if run.lease_worker != worker:
+        changes["lease_worker"] = worker
     # Only when it changes: a column in the SET list rewrites its indexes' entries.
     if run.status != Run.Status.RUNNING:
         changes["status"] = Run.Status.RUNNING

@@ -1,36 +1,129 @@
-"""Runs whose worker vanished get a new step: the periodic safety net under leases."""
+"""Runs whose step was lost get a new one: the periodic safety net under leases.
+
+A step is held by the message of its token in the broker's queue (a backlog,
+however long, is not stalled), then by the worker that took it (the lease). It
+is lost when its worker died mid-step: its heartbeat stopped (it died whole;
+seen within seconds) or its lease expired; or when its message is gone with no
+lease taken: the enqueue failed, Redis lost it, or a worker that died whole held
+it (no ack emulation: docs/engine.md), seen RUN_ENQUEUE_GRACE_SECONDS after the
+enqueue.
+"""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import json
 import logging
+from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.budget_services import budget_release_run, runs_start_queued
+from controlplane.celery import workers_gone
 from runs.models import Run
 from runs.services.lifecycle import step_enqueue
 from tracing.spans import spans_abandon_of_dead_workers
 
 logger = logging.getLogger(__name__)
 
+ADVANCE_TASK = "runs.tasks.advance_run_task"
+
+
+def queued_step_tokens() -> set[str]:
+    """The step tokens of the advance messages waiting in the broker's queue.
+
+    Steps are published without a priority: kombu's Redis transport keeps them
+    in the list named after the queue. Raises redis.RedisError if unreachable.
+    """
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=5)
+    try:
+        raw_messages = client.lrange(settings.CELERY_TASK_DEFAULT_QUEUE, 0, -1)
+    finally:
+        client.close()
+    tokens = set()
+    for raw in raw_messages:
+        token = _step_token_of(raw)
+        if token:
+            tokens.add(token)
+    return tokens
+
+
+def _step_token_of(raw: bytes | str) -> str:
+    try:
+        message = json.loads(raw)
+        if message.get("headers", {}).get("task") != ADVANCE_TASK:
+            return ""
+        body: Any = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        _args, kwargs, _embed = json.loads(body)
+        return str(kwargs.get("step_token") or "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ""  # not a message of ours
+
 
 def recover_stalled_runs() -> int:
-    """Re-enqueue running runs with an expired lease and queued runs whose task was
-    lost; the new step token turns any late original delivery into a no-op."""
+    """Re-enqueue the runs whose step was lost (see the module docstring); the
+    new step token turns any late original delivery into a no-op."""
     now = timezone.now()
-    stale = now - dt.timedelta(seconds=settings.RUN_LEASE_SECONDS)
-    candidates = Run.objects.filter(
-        Q(status=Run.Status.RUNNING, lease_expires_at__lt=now)
-        | Q(status=Run.Status.RUNNING, lease_owner="", updated_at__lt=stale)
-        # A queued run with no step token waits for a concurrency slot, not a task.
-        | Q(status=Run.Status.QUEUED, updated_at__lt=stale, step_token__isnull=False)
-    ).values_list("id", "version")
+    lease = dt.timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    stale = now - lease
+    grace = now - dt.timedelta(seconds=settings.RUN_ENQUEUE_GRACE_SECONDS)
+    # Its worker died mid-step: the lease ran out.
+    candidates = dict(
+        Run.objects.filter(
+            status=Run.Status.RUNNING, lease_expires_at__lt=now
+        ).values_list("id", "version")
+    )
+    # Leased by a worker whose heartbeat stopped: it died whole mid-step. (A
+    # lease renewed less than a grace ago may be a worker starting up.)
+    held = (
+        Run.objects.filter(
+            status=Run.Status.RUNNING,
+            lease_expires_at__gte=now,
+            lease_expires_at__lt=grace + lease,
+        )
+        .exclude(lease_worker="")
+        .exclude(lease_owner="")
+    )
+    held_by = list(held.values_list("id", "version", "lease_worker"))
+    if held_by:
+        try:
+            gone = workers_gone(worker for _, _, worker in held_by)
+        except redis.RedisError:
+            logger.warning("recovery: the workers' heartbeats are unreadable")
+            gone = set()
+        for run_id, version, worker in held_by:
+            if worker in gone:
+                candidates.setdefault(run_id, version)
+    # Enqueued a while ago and not leased since: in the queue, or lost. A queued
+    # run with no step token waits for a concurrency slot, not a task.
+    unleased = Run.objects.filter(
+        Q(enqueued_at__lt=grace)
+        # Enqueued before the enqueue was recorded.
+        | Q(enqueued_at__isnull=True, updated_at__lt=stale),
+        status__in=[Run.Status.QUEUED, Run.Status.RUNNING],
+        lease_owner="",
+        step_token__isnull=False,
+    ).values_list("id", "version", "step_token")
+    if unleased:
+        try:
+            # Read after the runs: a message taken meanwhile leaves a lease,
+            # whose version change makes the compare-and-set below lose.
+            queued = queued_step_tokens()
+        except redis.RedisError:
+            logger.warning("recovery: the broker's queue is unreadable; next pass")
+        else:
+            for run_id, version, token in unleased:
+                if str(token) not in queued:
+                    candidates.setdefault(run_id, version)
     recovered = 0
-    for run_id, version in candidates:
+    for run_id, version in candidates.items():
         with transaction.atomic():
             # A lease renewed since it was read is alive: its step still runs.
             won = (
@@ -49,7 +142,7 @@ def recover_stalled_runs() -> int:
                 budget_release_run(run_id=run_id)
                 step_enqueue(run)
                 recovered += 1
-                logger.warning("run %s: no live worker; enqueued its next step", run_id)
+                logger.warning("run %s: its step was lost; enqueued it again", run_id)
     # Safety net for a finisher that died before starting the next queued run.
     waiting = Run.objects.filter(
         status=Run.Status.QUEUED, step_token__isnull=True, updated_at__lt=stale
