@@ -58,13 +58,13 @@ def broker_unreachable() -> Iterator[None]:
 
 def recover_now() -> int:
     """One pass of the beat's recovery, treating any queued run as stale."""
-    saved = settings.RUN_LEASE_SECONDS
-    settings.RUN_LEASE_SECONDS = 0.5
+    saved = settings.RUN_LEASE_SECONDS, settings.RUN_ENQUEUE_GRACE_SECONDS
+    settings.RUN_LEASE_SECONDS = settings.RUN_ENQUEUE_GRACE_SECONDS = 0.5
     try:
         time.sleep(0.6)
         return recover_stalled_runs()
     finally:
-        settings.RUN_LEASE_SECONDS = saved
+        settings.RUN_LEASE_SECONDS, settings.RUN_ENQUEUE_GRACE_SECONDS = saved
 
 
 def test_a_run_started_while_the_broker_is_down_is_201_and_recovery_runs_it(
