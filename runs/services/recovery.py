@@ -92,6 +92,7 @@ def recover_stalled_runs() -> int:
         .exclude(lease_owner="")
     )
     held_by = list(held.values_list("id", "version", "lease_worker"))
+    dead_holders: dict[Any, str] = {}
     if held_by:
         try:
             gone = workers_gone(worker for _, _, worker in held_by)
@@ -101,6 +102,7 @@ def recover_stalled_runs() -> int:
         for run_id, version, worker in held_by:
             if worker in gone:
                 candidates.setdefault(run_id, version)
+                dead_holders[run_id] = worker
     # Enqueued a while ago and not leased since: in the queue, or lost. A queued
     # run with no step token waits for a concurrency slot, not a task.
     unleased = Run.objects.filter(
@@ -125,14 +127,19 @@ def recover_stalled_runs() -> int:
     recovered = 0
     for run_id, version in candidates.items():
         with transaction.atomic():
-            # A lease renewed since it was read is alive: its step still runs.
+            # A lease renewed since it was read is alive: its step still runs
+            # (renewals do not change the version). A live lease is taken only
+            # from the worker whose heartbeat stopped: its renewals died with it.
+            free = (
+                Q(lease_owner="")
+                | Q(lease_expires_at__isnull=True)
+                | Q(lease_expires_at__lt=now)
+            )
+            if run_id in dead_holders:
+                free |= Q(lease_worker=dead_holders[run_id])
             won = (
                 Run.objects.filter(id=run_id, version=version)
-                .filter(
-                    Q(lease_owner="")
-                    | Q(lease_expires_at__isnull=True)
-                    | Q(lease_expires_at__lt=now)
-                )
+                .filter(free)
                 .update(lease_owner="", lease_expires_at=None, version=version + 1)
             )
             if won:

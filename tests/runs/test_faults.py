@@ -166,7 +166,7 @@ def test_finisher_killed_after_the_outcome_leaves_no_running_root_span(
     settings.TRACING_SPAN_LEASE_SECONDS = 0.0
     abandon_expired_spans_task()
     root.refresh_from_db()
-    assert (root.status, root.attributes["cp.run.status"]) == ("error", "unverified")
+    assert (root.status, root.attributes["cp.run.status"]) == ("unset", "unverified")
     assert not Span.objects.filter(run=run, status="running").exists()
     ended = RunEvent.objects.filter(run=run, type="span.ended").order_by("-seq")[0]
     assert ended.payload["span_id"] == root_id
