@@ -21,7 +21,13 @@ from django.core.management import call_command
 
 from soak.topology import Topology, TopologyError, tagged_processes
 
-FAULTS = ("worker-kill", "child-kill", "redis-restart", "postgres-restart", "daphne-restart")
+FAULTS = (
+    "worker-kill",
+    "child-kill",
+    "redis-restart",
+    "postgres-restart",
+    "daphne-restart",
+)
 CHOICES = ("none", *FAULTS)
 
 
@@ -133,7 +139,10 @@ def main(argv: list[str]) -> int:
         say(checks.table(results))
         for result in results:
             if result.fault_note:
-                say(f"\n{result.fault}: {result.fault_note}; {result.in_flight} in flight")
+                say(
+                    f"\n{result.fault}: {result.fault_note}; "
+                    f"{result.in_flight} in flight"
+                )
             elif result.details:
                 say(f"\n{result.fault}:")
             for detail in result.details:

@@ -4,6 +4,7 @@ correct, side effects not repeated, WebSocket logs equal to the stored log."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,9 +38,13 @@ class PhaseResult:
         if self.lost:
             missed.append(f"{self.fault}: {self.lost} runs lost (target 0)")
         if self.duplicates:
-            missed.append(f"{self.fault}: {self.duplicates} duplicate side effects (target 0)")
+            missed.append(
+                f"{self.fault}: {self.duplicates} duplicate side effects (target 0)"
+            )
         if self.committed_5xx:
-            missed.append(f"{self.fault}: {self.committed_5xx} 5xx for committed work (target 0)")
+            missed.append(
+                f"{self.fault}: {self.committed_5xx} 5xx for committed work (target 0)"
+            )
         if self.ws_mismatches:
             missed.append(
                 f"{self.fault}: {self.ws_mismatches} of {self.ws_clients} WebSocket "
@@ -48,7 +53,8 @@ class PhaseResult:
         if self.recovery is not None and not self.recovery <= RECOVERY_TARGET_SECONDS:
             shown = "never" if math.isinf(self.recovery) else f"{self.recovery:.1f} s"
             missed.append(
-                f"{self.fault}: recovery {shown} (target <= {RECOVERY_TARGET_SECONDS:.0f} s)"
+                f"{self.fault}: recovery {shown} "
+                f"(target <= {RECOVERY_TARGET_SECONDS:.0f} s)"
             )
         return missed
 
@@ -125,7 +131,9 @@ def check_runs(
             wrong[f"denied but {run.status}/{run.stop_reason}, {shipped} shipped"] += 1
         elif not record.deny and (run.status != Run.Status.SUCCEEDED or shipped != 1):
             result.lost += 1
-            wrong[f"approved but {run.status}/{run.stop_reason}, {shipped} shipped"] += 1
+            wrong[
+                f"approved but {run.status}/{run.stop_reason}, {shipped} shipped"
+            ] += 1
         if len(keys_of.get(record.run_id, [])) > 1:
             result.duplicates += len(keys_of[record.run_id]) - 1
             wrong["create_replacement proposed twice"] += 1
@@ -149,7 +157,9 @@ def check_runs(
     orphans = sum(n for k, n in replacements.items() if k not in known)
     if orphans:
         result.duplicates += orphans
-        result.details.append(f"{orphans} replacements with a key of no call of these runs")
+        result.details.append(
+            f"{orphans} replacements with a key of no call of these runs"
+        )
     twice = sum(n - 1 for k, n in replacements.items() if k in phase_keys and n > 1)
     result.duplicates += twice
     refunds = db_retry(lambda: Refund.objects.filter(created_at__gte=since).count())
@@ -169,20 +179,23 @@ def check_runs(
         result.details.append(f"double refunds: {per_order}")
 
 
+def stored_seqs(run_id: str) -> list[int]:
+    return list(
+        RunEvent.objects.filter(run_id=run_id)
+        .order_by("seq")
+        .values_list("seq", flat=True)
+    )
+
+
 def check_streams(result: PhaseResult, followers: list[Follower]) -> None:
     result.ws_clients = len(followers)
     for follower in followers:
-        stored = db_retry(
-            lambda f=follower: list(  # type: ignore[misc]
-                RunEvent.objects.filter(run_id=f.run_id)
-                .order_by("seq")
-                .values_list("seq", flat=True)
-            )
-        )
+        stored = db_retry(functools.partial(stored_seqs, follower.run_id))
         if follower.seqs != stored:
             result.ws_mismatches += 1
             result.details.append(
-                f"WebSocket client of run {follower.run_id}: {_difference(follower.seqs, stored)}"
+                f"WebSocket client of run {follower.run_id}: "
+                f"{_difference(follower.seqs, stored)}"
                 f" ({follower.connects} connections)"
             )
     handshakes = sum(f.failed_handshakes for f in followers)
@@ -216,7 +229,9 @@ def check_tally(result: PhaseResult, tally: Tally) -> None:
     for what in tally.committed_5xx[:5]:
         result.details.append(f"5xx for committed work: {what}")
     if len(tally.committed_5xx) > 5:
-        result.details.append(f"… and {len(tally.committed_5xx) - 5} more 5xx for committed work")
+        result.details.append(
+            f"… and {len(tally.committed_5xx) - 5} more 5xx for committed work"
+        )
     if tally.committed_dropped:
         result.details.append(
             f"{len(tally.committed_dropped)} requests committed whose connection "
@@ -224,13 +239,23 @@ def check_tally(result: PhaseResult, tally: Tally) -> None:
         )
     for what in tally.gave_up[:5]:
         result.details.append(f"client gave up: {what}")
-    errors = {k: n for k, n in tally.statuses.items() if not k.endswith((" 200", " 201"))}
+    errors = {
+        k: n for k, n in tally.statuses.items() if not k.endswith((" 200", " 201"))
+    }
     if errors:
         shown = ", ".join(f"{k}: {n}" for k, n in sorted(errors.items()))
         result.details.append(f"answers other than 200/201: {shown}")
 
 
-HEADERS = ("fault", "runs", "lost", "duplicates", "5xx-for-committed", "WS mismatches", "recovery s")
+HEADERS = (
+    "fault",
+    "runs",
+    "lost",
+    "duplicates",
+    "5xx-for-committed",
+    "WS mismatches",
+    "recovery s",
+)
 
 
 def table(results: list[PhaseResult]) -> str:

@@ -5,6 +5,7 @@ Imported after django.setup() (see soak/__main__.py)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import threading
 import time
@@ -18,10 +19,10 @@ from soak.checks import (
     check_streams,
     check_tally,
     progress_of,
+    stored_seqs,
 )
 from soak.topology import Topology, _children, _cpu_ticks
 from soak.traffic import Driver, Follower, RunRecord, Streams, Tally, db_retry
-from tracing.models import RunEvent
 
 POLL_SECONDS = 0.5
 WS_CATCH_UP_SECONDS = 45.0  # two 20 s heartbeats: the stream fills a lost tail
@@ -37,8 +38,9 @@ def inject(topology: Topology, fault: str, outage: float) -> str:
         time.sleep(0.3)
         busiest = max(
             topology.workers,
-            key=lambda w: sum(_cpu_ticks(p) for p in _children(w.pid or 0))
-            - sample[w.name],
+            key=lambda w: (
+                sum(_cpu_ticks(p) for p in _children(w.pid or 0)) - sample[w.name]
+            ),
         )
         return topology.worker_kill(busiest)
     if fault == "child-kill":
@@ -175,15 +177,9 @@ class Soak:
         while time.monotonic() < deadline:
             behind = 0
             for follower in followers:
-                last = db_retry(
-                    lambda f=follower: RunEvent.objects.filter(run_id=f.run_id)  # type: ignore[misc]
-                    .order_by("-seq")
-                    .values_list("seq", flat=True)
-                    .first()
-                )
-                if (follower.seqs[-1] if follower.seqs else 0) < (last or 0):
+                stored = db_retry(functools.partial(stored_seqs, follower.run_id))
+                if (follower.seqs[-1] if follower.seqs else 0) < max(stored, default=0):
                     behind += 1
             if not behind:
                 return
             time.sleep(1.0)
-

@@ -48,7 +48,9 @@ def postgres_bin_dir() -> Path:
     """The newest installed PostgreSQL's binaries (Debian's layout)."""
     found = sorted(
         Path("/usr/lib/postgresql").glob("*/bin/postgres"),
-        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+        key=lambda p: (
+            int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0
+        ),
     )
     if not found:
         raise TopologyError(
@@ -333,7 +335,9 @@ class Topology:
             service.exits.append(f"exit {code}")
             _kill_group(service.process, signal.SIGKILL)
             if service.restarts >= MAX_RESTARTS:
-                raise TopologyError(f"{service.name} keeps exiting:\n{self.tail(service)}")
+                raise TopologyError(
+                    f"{service.name} keeps exiting:\n{self.tail(service)}"
+                )
             service.restarts += 1
             self._spawn(service)
             restarted.append(f"{service.name} (exit {code})")
@@ -357,9 +361,7 @@ class Topology:
     def pool_child_kill(self) -> str:
         """SIGKILL the pool child (of any worker) that used the most CPU over
         a short sample: the one most likely running a step."""
-        children = [
-            (w, pid) for w in self.workers if w.pid for pid in _children(w.pid)
-        ]
+        children = [(w, pid) for w in self.workers if w.pid for pid in _children(w.pid)]
         if not children:
             raise TopologyError("no worker has pool children to kill")
         before = {pid: _cpu_ticks(pid) for _, pid in children}
@@ -373,7 +375,7 @@ class Topology:
         self.redis.stop()
         time.sleep(outage)
         self.redis.start()
-        return f"Redis stopped (SIGTERM), down {outage:.0f} s, started on :{self.redis.port}"
+        return f"Redis stopped (SIGTERM), down {outage:.0f} s, started again"
 
     def postgres_restart(self, outage: float) -> str:
         assert self.pg is not None and self.pg.process is not None
@@ -452,10 +454,8 @@ def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
 def _stop_group(process: subprocess.Popen[bytes]) -> None:
     """docker stop: SIGTERM, then SIGKILL after the grace period."""
     _kill_group(process, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        pass
     _kill_group(process, signal.SIGKILL)
     process.wait()
 

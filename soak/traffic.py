@@ -162,7 +162,9 @@ class Driver:
 
     # -- runs -----------------------------------------------------------------
 
-    def start_runs(self, phase: str, count: int, *, rate: float, deny_every: int) -> None:
+    def start_runs(
+        self, phase: str, count: int, *, rate: float, deny_every: int
+    ) -> None:
         """Ask for `count` runs at `rate` per second (returns at once)."""
         tag = uuid.uuid4().hex[:8]
         for index in range(count):
@@ -202,8 +204,9 @@ class Driver:
             if answer.status >= 500 or answer.status == 0:
                 committed = db_retry(
                     lambda: list(
-                        Run.objects.filter(input__endswith=f"[{record.marker}]")
-                        .values_list("id", flat=True)[:1]
+                        Run.objects.filter(
+                            input__endswith=f"[{record.marker}]"
+                        ).values_list("id", flat=True)[:1]
                     ),
                     stop=self.stopping,
                 )
@@ -270,9 +273,11 @@ class Driver:
                     return
                 if answer.status >= 500 or answer.status == 0:
                     status = db_retry(
-                        lambda: ApprovalRequest.objects.filter(id=approval_id)
-                        .values_list("status", flat=True)
-                        .first(),
+                        lambda: (
+                            ApprovalRequest.objects.filter(id=approval_id)
+                            .values_list("status", flat=True)
+                            .first()
+                        ),
                         stop=self.stopping,
                     )
                     if status != ApprovalRequest.Status.PENDING:
@@ -281,7 +286,9 @@ class Driver:
                         return
                 elif 400 <= answer.status < 500:
                     with self.tally.lock:
-                        self.tally.gave_up.append(f"{what}: {answer.status} {answer.body}")
+                        self.tally.gave_up.append(
+                            f"{what}: {answer.status} {answer.body}"
+                        )
                     return
                 self._pause(1.0)
             with self.tally.lock:

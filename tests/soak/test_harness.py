@@ -99,7 +99,9 @@ def test_ctrl_c_stops_everything_it_started() -> None:
             break
     time.sleep(3)  # runs, approvals and a WebSocket client in flight
     workdir, run_id = started_topology("".join(lines))
-    assert len(tagged_processes(run_id, workdir)) >= 8  # pg, redis, web, 3+ workers, beat
+    assert (
+        len(tagged_processes(run_id, workdir)) >= 8
+    )  # pg, redis, web, 3+ workers, beat
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=120)
     output = "".join(lines) + rest
