@@ -9,7 +9,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from django.db.models import Count, Max
+from django.db.models import Count, Min
 
 from runs.models import Run, ToolCall
 from runs.tools.shop_models import Refund, Replacement
@@ -59,24 +59,41 @@ class PhaseResult:
         return missed
 
 
-def progress_of(run_ids: list[str]) -> dict[str, tuple[int, bool]]:
-    """Per run: the last seq of an event a worker wrote (approval events are the
-    web's) and whether the run is terminal."""
+def terminal_of(run_ids: list[str]) -> dict[str, bool]:
     terminal = {str(s) for s in Run.TERMINAL}
+    return db_retry(
+        lambda: {
+            str(run_id): status in terminal
+            for run_id, status in Run.objects.filter(id__in=run_ids).values_list(
+                "id", "status"
+            )
+        }
+    )
 
-    def read() -> dict[str, tuple[int, bool]]:
-        seqs = dict(
-            RunEvent.objects.filter(run_id__in=run_ids)
+
+def advanced_since(run_ids: list[str], moment: dt.datetime) -> dict[str, dt.datetime]:
+    """The runs that advanced after `moment`, each with when it first did: its
+    first event after `moment` written by a worker (approval events are the
+    web's), or its end. A process killed at `moment` commits nothing later, so
+    what it wrote before dying does not count as advancing again."""
+
+    def read() -> dict[str, dt.datetime]:
+        first: dict[str, dt.datetime] = {
+            str(run_id): at
+            for run_id, at in RunEvent.objects.filter(
+                run_id__in=run_ids, created_at__gt=moment
+            )
             .exclude(type__startswith="approval.")
             .values("run_id")
-            .annotate(last=Max("seq"))
-            .values_list("run_id", "last")
-        )
-        statuses = dict(Run.objects.filter(id__in=run_ids).values_list("id", "status"))
-        return {
-            str(run_id): (int(seqs.get(run_id) or 0), status in terminal)
-            for run_id, status in statuses.items()
+            .annotate(first=Min("created_at"))
+            .values_list("run_id", "first")
         }
+        for run_id, ended in Run.objects.filter(
+            id__in=run_ids, finished_at__gt=moment
+        ).values_list("id", "finished_at"):
+            assert ended is not None
+            first[str(run_id)] = min(first.get(str(run_id), ended), ended)
+        return first
 
     return db_retry(read)
 

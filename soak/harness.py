@@ -15,42 +15,36 @@ from django.utils import timezone
 
 from soak.checks import (
     PhaseResult,
+    advanced_since,
     check_runs,
     check_streams,
     check_tally,
-    progress_of,
     stored_seqs,
+    terminal_of,
 )
-from soak.topology import Topology, _children, _cpu_ticks
+from soak.topology import Topology
 from soak.traffic import Driver, Follower, RunRecord, Streams, Tally, db_retry
 
 POLL_SECONDS = 0.5
 WS_CATCH_UP_SECONDS = 45.0  # two 20 s heartbeats: the stream fills a lost tail
 
 
-def inject(topology: Topology, fault: str, outage: float) -> str:
+def injector(topology: Topology, fault: str, outage: float) -> Callable[[], str]:
+    """The fault, ready to strike: whatever it aims at (the busiest worker or
+    pool child) is chosen now, so that the moment of the fault is the moment
+    the returned callable is called."""
     if fault == "worker-kill":
-        # The worker whose pool is busiest: the one most likely holding steps.
-        sample = {
-            w.name: sum(_cpu_ticks(p) for p in _children(w.pid or 0))
-            for w in topology.workers
-        }
-        time.sleep(0.3)
-        busiest = max(
-            topology.workers,
-            key=lambda w: (
-                sum(_cpu_ticks(p) for p in _children(w.pid or 0)) - sample[w.name]
-            ),
-        )
-        return topology.worker_kill(busiest)
+        worker = topology.busiest_worker()
+        return lambda: topology.worker_kill(worker)
     if fault == "child-kill":
-        return topology.pool_child_kill()
+        worker, pid = topology.busiest_pool_child()
+        return lambda: topology.pool_child_kill(worker, pid)
     if fault == "redis-restart":
-        return topology.redis_restart(outage)
+        return lambda: topology.redis_restart(outage)
     if fault == "postgres-restart":
-        return topology.postgres_restart(outage)
+        return lambda: topology.postgres_restart(outage)
     if fault == "daphne-restart":
-        return topology.daphne_restart()
+        return topology.daphne_restart
     raise ValueError(fault)
 
 
@@ -117,18 +111,16 @@ class Soak:
         while submitted() < max(1, args.runs_per_fault // 2):
             self._tick(result)
             time.sleep(POLL_SECONDS / 5)
-        pending: dict[str, int] = {}
+        pending: list[str] = []
         fault_at = time.monotonic()
+        fault_moment = timezone.now()
         if fault != "none":
+            strike = injector(self.topology, fault, args.outage)
             started = [r.run_id for r in records if r.run_id]
-            pending = {
-                run_id: seq
-                for run_id, (seq, terminal) in progress_of(started).items()
-                if not terminal
-            }
+            pending = [i for i, ended in terminal_of(started).items() if not ended]
             result.in_flight = len(pending)
-            fault_at = time.monotonic()
-            result.fault_note = inject(self.topology, fault, args.outage)
+            fault_at, fault_moment = time.monotonic(), timezone.now()
+            result.fault_note = strike()
             result.recovery = 0.0
             self.say(
                 f"  {fault} at +{fault_at - began:.1f} s with {len(pending)} runs "
@@ -140,15 +132,15 @@ class Soak:
             self._tick(result)
             now = time.monotonic()
             if pending:
-                for run_id, (seq, terminal) in progress_of(list(pending)).items():
-                    if terminal or seq > pending[run_id]:
-                        del pending[run_id]
-                        assert result.recovery is not None
-                        result.recovery = max(result.recovery, now - fault_at)
+                for run_id, moment in advanced_since(pending, fault_moment).items():
+                    pending.remove(run_id)
+                    took = (moment - fault_moment).total_seconds()
+                    assert result.recovery is not None
+                    result.recovery = max(result.recovery, took)
             if now >= next_full_check and submitted() >= args.runs_per_fault:
                 next_full_check = now + 2.0
                 ids = [r.run_id for r in records if r.run_id]
-                if not pending and all(t for _, t in progress_of(ids).values()):
+                if not pending and all(terminal_of(ids).values()):
                     break
             time.sleep(POLL_SECONDS)
         if pending:

@@ -164,6 +164,9 @@ class Topology:
         self.services: list[Service] = []
         self.secret_key = secrets.token_urlsafe(50)
         self.stopped = False
+        # Taken now: the harness later points its own environment at the
+        # topology (and quietens its own logging); services must not inherit that.
+        self.base_environ = dict(os.environ)
 
     # -- environment ------------------------------------------------------
 
@@ -178,7 +181,7 @@ class Topology:
     def environment(self) -> dict[str, str]:
         environ = {
             k: v
-            for k, v in os.environ.items()
+            for k, v in self.base_environ.items()
             if k not in {"DATABASE_URL", "REDIS_URL", "CELERY_QUEUE", "PYTEST_VERSION"}
             and not k.startswith("PYTEST_")
         }
@@ -358,18 +361,24 @@ class Topology:
         self._spawn(worker)
         return f"SIGKILL {worker.name} main process {pid}, restarted"
 
-    def pool_child_kill(self) -> str:
-        """SIGKILL the pool child (of any worker) that used the most CPU over
-        a short sample: the one most likely running a step."""
+    def busiest_pool_child(self) -> tuple[Service, int]:
+        """The pool child (of any worker) that used the most CPU over a short
+        sample: the one most likely running a step."""
         children = [(w, pid) for w in self.workers if w.pid for pid in _children(w.pid)]
         if not children:
-            raise TopologyError("no worker has pool children to kill")
+            raise TopologyError("no worker has pool children")
         before = {pid: _cpu_ticks(pid) for _, pid in children}
         time.sleep(0.3)
-        busiest = max(children, key=lambda c: _cpu_ticks(c[1]) - before[c[1]])
+        return max(children, key=lambda c: _cpu_ticks(c[1]) - before[c[1]])
+
+    def busiest_worker(self) -> Service:
+        return self.busiest_pool_child()[0]
+
+    def pool_child_kill(self, worker: Service, pid: int) -> str:
+        """SIGKILL one pool child; the worker is left to replace it."""
         with contextlib.suppress(ProcessLookupError):
-            os.kill(busiest[1], signal.SIGKILL)
-        return f"SIGKILL pool child {busiest[1]} of {busiest[0].name}"
+            os.kill(pid, signal.SIGKILL)
+        return f"SIGKILL pool child {pid} of {worker.name}"
 
     def redis_restart(self, outage: float) -> str:
         self.redis.stop()
