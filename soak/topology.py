@@ -367,9 +367,16 @@ class Topology:
         children = [(w, pid) for w in self.workers if w.pid for pid in _children(w.pid)]
         if not children:
             raise TopologyError("no worker has pool children")
-        before = {pid: _cpu_ticks(pid) for _, pid in children}
-        time.sleep(0.3)
-        return max(children, key=lambda c: _cpu_ticks(c[1]) - before[c[1]])
+        # Sample until one child used CPU (a step takes a fraction of a second,
+        # so an idle moment is likely), for a few seconds at most.
+        deadline = time.monotonic() + 5.0
+        while True:
+            before = {pid: _cpu_ticks(pid) for _, pid in children}
+            time.sleep(0.2)
+            used = {pid: _cpu_ticks(pid) - before[pid] for _, pid in children}
+            busiest = max(children, key=lambda c: used[c[1]])
+            if used[busiest[1]] > 0 or time.monotonic() > deadline:
+                return busiest
 
     def busiest_worker(self) -> Service:
         return self.busiest_pool_child()[0]

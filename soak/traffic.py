@@ -149,11 +149,17 @@ class Driver:
         self.starter = Api(base_url, operator_token)
         self.approver = Api(base_url, admin_token)
         self.tally = tally
-        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="soak-http")
+        # Two pools: creations retrying through an outage never hold up decisions.
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="soak-start")
+        self.deciders = ThreadPoolExecutor(
+            max_workers=8, thread_name_prefix="soak-decide"
+        )
         self.lock = threading.Lock()
         self.records: list[RunRecord] = []
         self.by_run: dict[str, RunRecord] = {}
         self.deciding: set[str] = set()
+        # A list read before a decision committed still shows it pending.
+        self.decided: set[str] = set()
         self.stop_deciding = threading.Event()
         self.stopping = threading.Event()
         self.decider: threading.Thread | None = None
@@ -167,6 +173,7 @@ class Driver:
     ) -> None:
         """Ask for `count` runs at `rate` per second (returns at once)."""
         tag = uuid.uuid4().hex[:8]
+        began = time.monotonic()
         for index in range(count):
             record = RunRecord(
                 index=index,
@@ -175,16 +182,15 @@ class Driver:
             )
             with self.lock:
                 self.records.append(record)
-            delay = index / rate if rate > 0 else 0.0
-            self.pool.submit(self._start_later, record, delay)
+            self.pool.submit(self._start_later, record, began + index / rate)
 
     def _pause(self, seconds: float) -> None:
         if self.stopping.wait(seconds):
             raise Stopped
 
-    def _start_later(self, record: RunRecord, delay: float) -> None:
+    def _start_later(self, record: RunRecord, at: float) -> None:
         try:
-            self._pause(delay)
+            self._pause(max(0.0, at - time.monotonic()))
             self._start(record)
         except Stopped:
             return
@@ -248,12 +254,17 @@ class Driver:
                 self.tally.note("GET /approvals/", answer)
             else:
                 for approval in answer.body.get("results", []):
+                    approval_id = str(approval["id"])
                     with self.lock:
                         record = self.by_run.get(str(approval["run"]))
-                        if record is None or approval["id"] in self.deciding:
+                        if (
+                            record is None
+                            or approval_id in self.deciding
+                            or approval_id in self.decided
+                        ):
                             continue
-                        self.deciding.add(approval["id"])
-                    self.pool.submit(self._decide, record, approval["id"])
+                        self.deciding.add(approval_id)
+                    self.deciders.submit(self._decide, record, approval_id)
             self.stop_deciding.wait(0.5)
 
     def _decide(self, record: RunRecord, approval_id: str) -> None:
@@ -269,7 +280,7 @@ class Driver:
                 answer = self.approver.call("POST", path, body, key=key)
                 self.tally.note("POST decide", answer)
                 if answer.status in (200, 409):
-                    record.decided = True
+                    self._decided(record, approval_id)
                     return
                 if answer.status >= 500 or answer.status == 0:
                     status = db_retry(
@@ -282,7 +293,7 @@ class Driver:
                     )
                     if status != ApprovalRequest.Status.PENDING:
                         self.tally.committed(what, answer)
-                        record.decided = True
+                        self._decided(record, approval_id)
                         return
                 elif 400 <= answer.status < 500:
                     with self.tally.lock:
@@ -299,10 +310,16 @@ class Driver:
             with self.lock:
                 self.deciding.discard(approval_id)
 
+    def _decided(self, record: RunRecord, approval_id: str) -> None:
+        with self.lock:
+            record.decided = True
+            self.decided.add(approval_id)
+
     def close(self) -> None:
         self.stopping.set()
         self.finish_deciding()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.deciders.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass
