@@ -248,10 +248,10 @@ class Topology:
         self.pg_data.parent.mkdir(parents=True)
         if os.geteuid() == 0:
             shutil.chown(self.pg_data.parent, "postgres", "postgres")
-        subprocess.run(
+        self._run(
             [str(self.pg_bin / "initdb"), "-D", str(self.pg_data), "-U", "postgres",
              "-A", "trust", "-E", "UTF8", "--no-sync"],
-            check=True, capture_output=True, **self._as_postgres(),
+            **self._as_postgres(),
         )  # fmt: skip
 
     def _postgres_start(self) -> None:
@@ -282,11 +282,18 @@ class Topology:
         raise TopologyError(f"PostgreSQL did not start:\n{self.tail(self.pg)}")
 
     def _createdb(self) -> None:
-        subprocess.run(
+        self._run(
             [str(self.pg_bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.pg_port),
              "-U", "postgres", "controlplane"],
-            check=True, capture_output=True,
         )  # fmt: skip
+
+    @staticmethod
+    def _run(argv: list[str], **extra: Any) -> None:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, check=False, timeout=120, **extra
+        )
+        if done.returncode:
+            raise TopologyError(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
 
     def _spawn(self, service: Service, **extra: Any) -> None:
         with service.log.open("ab") as sink:
