@@ -79,7 +79,8 @@ def test_two_runs_without_a_fault_meet_every_target_and_leave_nothing() -> None:
     """One run approved (it must succeed with one replacement), one denied (it
     must fail with none), a WebSocket client on the first."""
     process = harness(
-        "--runs-per-fault", "2", "--deny-every", "2", "--clients", "1", "--faults", "none"
+        "--runs-per-fault", "2", "--deny-every", "2", "--clients", "1",
+        "--faults", "none",
     )  # fmt: skip
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
