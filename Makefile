@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint bench install install-dev clean
+.PHONY: run test lint bench soak install install-dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ lint: install-dev
 bench: install-dev
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench
+
+# The fault harness (docs/soak.md): `make soak SOAK_ARGS="--runs-per-fault 20"`.
+soak: install-dev
+	$(PY) -m soak $(SOAK_ARGS)
 
 clean:
 	rm -rf .run db.sqlite3 db.sqlite3-wal db.sqlite3-shm db.sqlite3-writer.lock
