@@ -126,7 +126,15 @@ def test_the_schema_documents_bearer_auth_paging_and_errors(live_api: LiveApi) -
     assert {"bearerAuth": []} in runs["get"]["security"]
     page = runs["get"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert page == {"$ref": "#/components/schemas/PaginatedRunList"}
-    assert set(runs["post"]["responses"]) == {"201", "400", "401", "403", "413", "415"}
+    assert set(runs["post"]["responses"]) == {
+        "201",
+        "400",
+        "401",
+        "403",
+        "413",
+        "415",
+        "422",
+    }
     cancel = document["paths"]["/api/v1/runs/{run_id}/cancel/"]["post"]["responses"]
     assert set(cancel) == {"200", "401", "403", "404", "409"}
     start = document["components"]["schemas"]["RunStartInput"]["properties"]["input"]
