@@ -10,9 +10,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from runs.models import Refund, Run, Step
+from runs.replay import run_replay
 from runs.services import run_start
 from tests.approvals.conftest import REFUND_ARGS, call, script_of, shop_agent
-from tracing.replay import run_replay
 
 __all__ = ["shop_agent"]
 

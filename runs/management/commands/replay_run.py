@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.models import Run
-from tracing.replay import run_replay
+from runs.replay import run_replay
 
 
 class Command(BaseCommand):
