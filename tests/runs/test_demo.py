@@ -8,9 +8,9 @@ from typing import Any
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from runs.models import Run
+from runs.replay import run_replay
 from runs.services import run_start
 from runs.tools.shop_models import Replacement
-from runs.replay import run_replay
 
 
 def _demo_run(agent: Any, user: Any, drive_run: Any, *, approve: bool) -> Run:
