@@ -64,7 +64,7 @@ def test_unreachable_redis_is_reported_with_a_hint():
 
 
 def test_prepared_statements_are_on_for_postgresql_unless_turned_off(monkeypatch):
-    from controlplane import settings
+    from controlplane.settings import database as settings
 
     url = "postgres://app@db.internal:5432/controlplane"
     assert settings._database(url)["OPTIONS"]["prepare_threshold"] == 5

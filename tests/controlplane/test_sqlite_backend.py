@@ -11,7 +11,7 @@ import pytest
 from django.db.utils import ConnectionHandler
 
 from controlplane.db.base import CHECKPOINT_EVERY
-from controlplane.settings import _database
+from controlplane.settings.database import _database
 
 
 @pytest.fixture

@@ -1,0 +1,139 @@
+"""Runs, their data lifecycle, the sandbox runner and approvals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.environment import env
+from controlplane.settings.base import BASE_DIR, DEMO_SEEDERS, METRICS_COLLECTORS
+from controlplane.settings.broker import CELERY_BEAT_SCHEDULE
+
+# Runs: caps every run starts from (an agent or a run request may only lower them).
+RUN_DEFAULT_LIMITS: dict[str, Any] = {
+    "max_steps": env.integer("RUN_MAX_STEPS", 50, minimum=1, help="Default step cap."),
+    "max_tool_calls": env.integer(
+        "RUN_MAX_TOOL_CALLS", 100, minimum=1, help="Default tool-call cap per run."
+    ),
+    "max_wall_seconds": env.number(
+        "RUN_MAX_WALL_SECONDS", 900.0, minimum=1, help="Default active seconds per run."
+    ),
+}
+RUN_RESERVE_OUTPUT_TOKENS = env.integer(
+    "RUN_RESERVE_OUTPUT_TOKENS",
+    1024,
+    minimum=1,
+    help="Output tokens reserved (and requested at most) per model call.",
+)
+RUN_MAX_INPUT_CHARS = env.integer(
+    "RUN_MAX_INPUT_CHARS", 20_000, minimum=1, help="Longest run input accepted."
+)
+RUN_LEASE_SECONDS = env.number(
+    "RUN_LEASE_SECONDS",
+    120.0,
+    minimum=0.5,
+    help="How long a worker's lease on a run lasts before recovery may take it over.",
+)
+RUN_MODEL_DEADLINE_SECONDS = env.number(
+    "RUN_MODEL_DEADLINE_SECONDS",
+    100.0,
+    minimum=1,
+    help="Longest one model call may take, all retries and backoffs included "
+    "(keep it below RUN_LEASE_SECONDS).",
+)
+# The tenant's approval rules (approvals app); fail-safe: a raising hook denies.
+RUN_POLICY_HOOK = "approvals.policy.tenant_policy"
+# The last resort against a step that never ends (SIGKILL, then redelivery). A
+# step's model call ends within RUN_MODEL_DEADLINE_SECONDS (its lease is renewed
+# meanwhile); the minute beyond the larger of that and the lease is for the
+# step's tool calls and writes.
+CELERY_TASK_TIME_LIMIT = int(max(RUN_LEASE_SECONDS, RUN_MODEL_DEADLINE_SECONDS)) + 60
+RUN_ENQUEUE_GRACE_SECONDS = env.number(
+    "RUN_ENQUEUE_GRACE_SECONDS",
+    5.0,
+    minimum=0.5,
+    help="A step enqueued this long ago, with no lease and no message in the queue, "
+    "was lost (a Redis restart, a worker that died whole): recovery enqueues it again.",
+)
+RUN_RECOVERY_INTERVAL_SECONDS = env.number(
+    "RUN_RECOVERY_INTERVAL_SECONDS",
+    5.0,
+    minimum=1.0,
+    help="How often beat runs the recovery of runs whose step was lost.",
+)
+CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
+    "task": "runs.tasks.recover_stalled_runs_task",
+    "schedule": RUN_RECOVERY_INTERVAL_SECONDS,
+}
+DEMO_SEEDERS.append("runs.demo.demo_seed_shop")
+METRICS_COLLECTORS.append("runs.metrics.run_gauges")
+
+# Data lifecycle (docs/data.md): terminal runs older than a tenant's retention are
+# deleted with everything recorded about them; the budget ledger is kept.
+DATA_RETENTION_DAYS = env.integer(
+    "DATA_RETENTION_DAYS",
+    0,
+    minimum=0,
+    help="Days a terminal run is kept for a tenant that set no retention of its "
+    "own (0: keep forever).",
+)
+DATA_RETENTION_BATCH_SIZE = env.integer(
+    "DATA_RETENTION_BATCH_SIZE",
+    500,
+    minimum=1,
+    help="Runs deleted per transaction by the retention pass.",
+)
+DATA_RETENTION_INTERVAL_SECONDS = env.number(
+    "DATA_RETENTION_INTERVAL_SECONDS",
+    3600.0,
+    minimum=60.0,
+    help="How often beat deletes runs past their tenant's retention.",
+)
+CELERY_BEAT_SCHEDULE["runs-retention"] = {
+    "task": "runs.tasks.retention_sweep_task",
+    "schedule": DATA_RETENTION_INTERVAL_SECONDS,
+}
+
+# Sandbox runner (run_code and any tool that runs a command).
+SANDBOX_ROOT = env.string(
+    "SANDBOX_ROOT",
+    str(BASE_DIR / ".run" / "sandbox"),
+    help="Where sandbox workspaces and state live (must be traversable by uid 65534).",
+)
+# The product's minimum set (runs.sandbox.spec.DEFAULT_REQUIRED_LAYERS); lowering it
+# is an operator's decision, and the enforcement map of every run shows the result.
+SANDBOX_REQUIRED_LAYERS = env.items(
+    "SANDBOX_REQUIRED_LAYERS",
+    "bwrap,pidns,netns,mountns,uid_drop,no_new_privs,rlimits,"
+    "cgroup_kill,memory_limit,pids_limit",
+    help="Isolation layers without which the sandbox refuses to run anything.",
+)
+SANDBOX_WORKSPACE_MB = env.integer(
+    "SANDBOX_WORKSPACE_MB",
+    128,
+    minimum=1,
+    help="Total size of a sandbox workspace (a tmpfs; full: EDISK).",
+)
+CELERY_BEAT_SCHEDULE["sandbox-janitor"] = {
+    "task": "runs.tasks.sandbox_janitor_task",
+    "schedule": 60.0,
+}
+SANDBOX_OUTPUT_BYTES = env.integer(
+    "SANDBOX_OUTPUT_BYTES", 64_000, minimum=1024, help="Output cap per sandboxed run."
+)
+
+APPROVAL_DEFAULT_TTL_SECONDS = env.integer(
+    "APPROVAL_DEFAULT_TTL_SECONDS",
+    24 * 3600,
+    minimum=1,
+    help="How long an approval request waits before it expires.",
+)
+APPROVAL_EXPIRE_INTERVAL_SECONDS = env.number(
+    "APPROVAL_EXPIRE_INTERVAL_SECONDS",
+    30.0,
+    minimum=1.0,
+    help="How often beat expires pending approvals past their time-to-live.",
+)
+CELERY_BEAT_SCHEDULE["approvals-expire"] = {
+    "task": "approvals.tasks.expire_approvals_task",
+    "schedule": APPROVAL_EXPIRE_INTERVAL_SECONDS,
+}
