@@ -125,7 +125,7 @@ def main() -> None:
     from runs.demo import demo_seed_shop
     from runs.models import Agent, Run, ToolCall
     from runs.services import run_start
-    from runs.tools.shop_models import Replacement
+    from shop.models import Replacement
 
     tenant = tenant_create(slug=f"bench-{os.getpid()}", name="Bench")
     operator = get_user_model().objects.create_user(username=f"op-{os.getpid()}")

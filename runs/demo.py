@@ -10,7 +10,7 @@ from django.db import transaction
 
 from controlplane.models import Tenant
 from runs.models import Agent
-from runs.tools.shop_models import ShopOrder
+from shop.models import ShopOrder
 
 DEMO_AGENT_SLUG = "kettlecraft-support"
 DEMO_INPUT = (

@@ -10,9 +10,8 @@ from django.db import models
 
 from controlplane.models import Tenant
 from runs.engine.stop import TERMINAL_STATUSES
-from runs.tools.shop_models import Refund, Replacement, ShopOrder
 
-__all__ = ["Agent", "Refund", "Replacement", "Run", "ShopOrder", "Step", "ToolCall"]
+__all__ = ["Agent", "Run", "Step", "ToolCall"]
 
 
 class Agent(models.Model):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Min
 
 from runs.models import Run, ToolCall
-from runs.tools.shop_models import Refund, Replacement
+from shop.models import Refund, Replacement
 from soak.traffic import Follower, RunRecord, Tally, db_retry
 from tracing.models import RunEvent
 

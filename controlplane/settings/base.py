@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "csp",
     "controlplane",
     "runs",
+    "shop",
     "approvals",
     "tracing",
     "frontend",

@@ -13,7 +13,7 @@ from django.db import transaction
 from runs.engine.contracts import Effect, Idempotency, ToolContract, ToolSource
 from runs.engine.envelope import ErrorCode, ToolFailure
 from runs.engine.tools import Tool, ToolContext
-from runs.tools.shop_models import Refund, Replacement, ShopOrder
+from shop.models import Refund, Replacement, ShopOrder
 
 REPLACEMENT_SHIPPING_DAYS = 3
 ORDER_ID_SCHEMA = {

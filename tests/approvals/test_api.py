@@ -5,7 +5,7 @@ from __future__ import annotations
 from approvals.models import ApprovalDecision, ApprovalPolicyRule, ApprovalRequest
 from controlplane.models import AuditEvent
 from runs.models import Run
-from runs.tools.shop_models import Refund
+from shop.models import Refund
 from tests.approvals.conftest import REFUND_ARGS, call, script_of
 
 

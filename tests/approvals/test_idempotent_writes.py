@@ -26,7 +26,7 @@ from controlplane.services import api_token_issue
 from controlplane.tasks import idempotency_keys_purge_task
 from runs.models import Agent, Run
 from runs.services import recover_stalled_runs
-from runs.tools.shop_models import Refund
+from shop.models import Refund
 from tests.approvals.conftest import REFUND_ARGS, call, script_of
 from tests.conftest import start_worker, wait_for
 from tests.frontend.conftest import DaphneServer

@@ -21,7 +21,7 @@ from controlplane.models import AuditEvent, Membership
 from controlplane.services import membership_set
 from runs.models import Run, ToolCall
 from runs.services import run_cancel
-from runs.tools.shop_models import Refund, Replacement, ShopOrder
+from shop.models import Refund, Replacement, ShopOrder
 from tests.approvals.conftest import REFUND_ARGS, REPLACE_ARGS, call, script_of
 from tests.runs.conftest import drive
 from tracing.models import RunEvent

@@ -14,7 +14,7 @@ from controlplane.models import AuditEvent
 from controlplane.services import membership_set
 from runs.models import Run, ToolCall
 from runs.services import run_start
-from runs.tools.shop_models import Refund, Replacement
+from shop.models import Refund, Replacement
 from tests.approvals.conftest import (
     REFUND_ARGS,
     REPLACE_ARGS,
@@ -220,7 +220,7 @@ def test_a_replacement_approved_after_a_full_refund_is_not_shipped(
 ):
     from decimal import Decimal
 
-    from runs.tools.shop_models import ShopOrder
+    from shop.models import ShopOrder
     from tests.runs.conftest import drive
 
     run = run_start(

@@ -12,7 +12,7 @@ from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from runs.models import Run, Step, ToolCall
 from runs.services import run_advance, run_start
-from runs.tools.shop_models import Replacement
+from shop.models import Replacement
 from tracing.spans import traceparent_for
 
 

@@ -12,7 +12,7 @@ from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from runs.models import Run, ToolCall
 from runs.services import recover_stalled_runs, run_start
-from runs.tools.shop_models import Refund, Replacement
+from shop.models import Refund, Replacement
 from tests.conftest import start_worker, wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]

@@ -10,7 +10,7 @@ from approvals.services import approval_decide
 from runs.models import Run
 from runs.replay import run_replay
 from runs.services import run_start
-from runs.tools.shop_models import Replacement
+from shop.models import Replacement
 
 
 def _demo_run(agent: Any, user: Any, drive_run: Any, *, approve: bool) -> Run:

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from runs.models import Refund, Run, Step
+from runs.models import Run, Step
 from runs.replay import run_replay
 from runs.services import run_start
+from shop.models import Refund
 from tests.approvals.conftest import REFUND_ARGS, call, script_of, shop_agent
 
 __all__ = ["shop_agent"]

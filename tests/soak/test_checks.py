@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from runs.models import Agent, Run, Step, ToolCall
 from runs.services import run_start
-from runs.tools.shop_models import Refund, Replacement, ShopOrder
+from shop.models import Refund, Replacement, ShopOrder
 from soak.checks import PhaseResult, check_runs, check_streams, table
 from soak.traffic import Follower, RunRecord
 from tracing.services import run_event_append

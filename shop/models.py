@@ -1,4 +1,8 @@
-"""The demo shop's tables: the world the Kettlecraft agent acts on."""
+"""The demo shop's tables: the world the Kettlecraft agent acts on.
+
+They began in the `runs` app; `db_table` keeps the original table names so the move
+changed no data (shop/migrations/0001_initial.py).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ class ShopOrder(models.Model):
     delivery_date = models.DateField(null=True, blank=True)
 
     class Meta:
-        app_label = "runs"
+        db_table = "runs_shoporder"
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "order_id"], name="order_per_tenant"
@@ -41,7 +45,7 @@ class Replacement(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        app_label = "runs"
+        db_table = "runs_replacement"
 
     def __str__(self) -> str:
         return f"replacement for {self.order.order_id}"
@@ -56,7 +60,7 @@ class Refund(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        app_label = "runs"
+        db_table = "runs_refund"
 
     def __str__(self) -> str:
         return f"refund {self.amount} for {self.order.order_id}"
