@@ -125,8 +125,11 @@ def chromium() -> Iterator[Any]:
         browser.close()
 
 
+# transactional_db: Daphne is another process and sees only committed rows.
 @pytest.fixture
-def open_page(chromium: Any, daphne: DaphneServer) -> Iterator[Any]:
+def open_page(
+    chromium: Any, daphne: DaphneServer, transactional_db: Any
+) -> Iterator[Any]:
     """Open a new browser context logged in as `user` (password "pw-<username>")."""
     contexts: list[Any] = []
 
@@ -164,8 +167,11 @@ def open_page(chromium: Any, daphne: DaphneServer) -> Iterator[Any]:
         context.close()
 
 
-@pytest.fixture(autouse=True)
-def runs_settle_before_flush(transactional_db: Any) -> Iterator[None]:
+# Not autouse: only a module whose worker is running can have a run moving when a
+# test ends (the worker modules apply it with `usefixtures`). Elsewhere a run left
+# queued never moves, and the wait cost its full 30 s per test.
+@pytest.fixture
+def runs_settle_before_flush(ui_worker: Any, transactional_db: Any) -> Iterator[None]:
     """Let the worker finish what a test set going (a decided run resumes) before
     the database is flushed under it."""
     yield

@@ -19,7 +19,11 @@ from tests.conftest import wait_for
 from tests.frontend.conftest import DaphneServer
 from tracing.models import Span
 
-pytestmark = [pytest.mark.browser, pytest.mark.worker]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.worker,
+    pytest.mark.usefixtures("runs_settle_before_flush"),
+]
 
 # Set UI_SCREENSHOT_DIR=docs/screenshots to refresh the README's pictures; a test
 # run never rewrites tracked files by default.

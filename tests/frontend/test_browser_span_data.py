@@ -20,7 +20,11 @@ from tests.frontend.test_browser import shop, waiting_run
 
 __all__ = ["shop"]
 
-pytestmark = [pytest.mark.browser, pytest.mark.worker]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.worker,
+    pytest.mark.usefixtures("runs_settle_before_flush"),
+]
 
 
 def finished(run: Run) -> Run:

@@ -10,7 +10,12 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+import pytest
+
 from controlplane.models import AuditEvent
+
+# Daphne is another process: it sees the member only once committed.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _login(base: str, username: str, password: str) -> tuple[int, str]:
