@@ -11,6 +11,8 @@ from controlplane import metrics
 from runs.failpoints import failpoint
 from runs.services import recover_stalled_runs, run_advance
 from runs.services.retention import retention_sweep
+from runs.spans import spans_end_of_finished_runs
+from tracing.store import spans_abandon_expired
 
 
 @worker_process_init.connect
@@ -62,3 +64,10 @@ def sandbox_janitor_task() -> int:
 def retention_sweep_task() -> int:
     """Delete terminal runs past their tenant's retention, in bounded batches."""
     return sum(report.deleted.runs for report in retention_sweep())
+
+
+@shared_task
+def abandon_expired_spans_task() -> int:
+    """Mark spans of dead workers `abandoned` (their run's recovery takes over),
+    and end the root span of runs whose finisher died after the outcome."""
+    return spans_abandon_expired() + spans_end_of_finished_runs()

@@ -66,6 +66,6 @@ STREAM_HEARTBEAT_SECONDS = env.number(
     help="Interval of the heartbeat frames on a WebSocket stream.",
 )
 CELERY_BEAT_SCHEDULE["tracing-abandon-spans"] = {
-    "task": "tracing.tasks.abandon_expired_spans_task",
+    "task": "runs.tasks.abandon_expired_spans_task",
     "schedule": 60.0,
 }

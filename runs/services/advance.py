@@ -108,14 +108,14 @@ from runs.services.lifecycle import (
     run_save_prepare,
     step_dispatch_on_commit,
 )
-from tracing.processor import SpanBatch, span_batch
-from tracing.spans import (
+from runs.spans import (
     approval_span_open,
     approval_span_settle,
     chat_span,
     step_span,
     tool_span,
 )
+from tracing.processor import SpanBatch, span_batch
 
 logger = logging.getLogger(__name__)
 

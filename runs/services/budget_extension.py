@@ -23,6 +23,7 @@ from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason, terminal_status
 from runs.models import Run, ToolCall
 from runs.services.lifecycle import counters_from_state, run_finish_fields
+from runs.spans import run_root_end
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +89,6 @@ def run_end_budget_exhausted(*, run_id: Any, stop_reason: str, detail: str) -> b
 
 
 def _root_end(run: Run) -> None:
-    from tracing.spans import run_root_end
-
     try:
         run_root_end(run)
     except Exception:  # noqa: BLE001 - tracing never stops a run

@@ -43,6 +43,7 @@ from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason
 from runs.models import Agent, Run, ToolCall
 from runs.runtime import effective_limits
+from runs.spans import traceparent_for
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,6 @@ def step_enqueue(run: Run) -> None:
 def step_dispatch_on_commit(run: Run) -> None:
     """Enqueue the task for the run's current step token once the token is committed."""
     from runs.tasks import advance_run_task
-    from tracing.spans import traceparent_for
 
     run_id, token = str(run.id), str(run.step_token)
     traceparent = traceparent_for(run) if run.trace_id else None

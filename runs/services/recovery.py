@@ -27,7 +27,7 @@ from controlplane.budget_services import budget_release_run, runs_start_queued
 from controlplane.celery import workers_gone
 from runs.models import Run
 from runs.services.lifecycle import step_enqueue
-from tracing.spans import spans_abandon_of_dead_workers
+from runs.spans import spans_abandon_of_dead_workers
 
 logger = logging.getLogger(__name__)
 

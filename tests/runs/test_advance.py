@@ -12,8 +12,8 @@ from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from runs.models import Run, Step, ToolCall
 from runs.services import run_advance, run_start
+from runs.spans import traceparent_for
 from shop.models import Replacement
-from tracing.spans import traceparent_for
 
 
 def test_demo_run_waits_for_approval_then_succeeds_with_one_replacement(

@@ -28,10 +28,10 @@ from controlplane.embedded_redis import EmbeddedRedis
 from runs.models import Run, ToolCall
 from runs.services import recover_stalled_runs, run_advance, run_start
 from runs.services.recovery import queued_step_tokens
+from runs.spans import root_span_id
+from runs.tasks import abandon_expired_spans_task
 from tests.conftest import start_worker, wait_for
 from tracing.models import RunEvent, Span
-from tracing.spans import root_span_id
-from tracing.tasks import abandon_expired_spans_task
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 

@@ -8,6 +8,7 @@ from typing import Any
 from approvals.models import ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
+from runs.spans import root_span_id
 from tests.approvals.conftest import (
     REFUND_ARGS,
     REPLACE_ARGS,
@@ -18,7 +19,6 @@ from tests.approvals.conftest import (
 )
 from tests.runs.conftest import drive
 from tracing.models import Span
-from tracing.spans import root_span_id
 
 __all__ = ["shop_agent", "waiting_run"]
 

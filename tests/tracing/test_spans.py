@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 )
 
 from runs.services import run_start
+from runs.spans import root_span_id, traceparent_for
 from tracing.models import RunEvent, Span, SpanPayload
 from tracing.processor import RedactingSpanExporter
 from tracing.selectors import span_payloads
 from tracing.setup import configure_tracing, tracer
-from tracing.spans import root_span_id, traceparent_for
 from tracing.store import spans_abandon_expired
 
 SECRETS = [
@@ -231,7 +231,7 @@ def test_the_span_of_a_worker_that_died_becomes_abandoned(
     )
     # A worker started a step span and died: the span was stored at start and
     # never ended.
-    from tracing.spans import _context_from_traceparent
+    from runs.spans import _context_from_traceparent
 
     tracer().start_span(
         "step 0",
@@ -263,7 +263,7 @@ def test_a_running_span_of_the_previous_lease_holder_is_abandoned_by_the_next_st
     run = run_start(
         tenant=agent.tenant, agent_slug=agent.slug, input="hi", started_by=None
     )
-    from tracing.spans import _context_from_traceparent
+    from runs.spans import _context_from_traceparent
 
     tracer().start_span(
         "execute_tool slow",

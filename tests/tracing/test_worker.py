@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from runs.services import run_start
+from runs.spans import root_span_id
 from tracing.models import Span
-from tracing.spans import root_span_id
 
 
 @pytest.mark.django_db(transaction=True)

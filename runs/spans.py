@@ -1,4 +1,5 @@
-"""The spans of a run (DESIGN.md §7), created through the OpenTelemetry API.
+"""The spans of a run (DESIGN.md §7), created through the OpenTelemetry API;
+tracing stores them (`tracing.processor`), this module knows what a run is.
 
 One trace per run (`Run.trace_id`) whose root `invoke_agent {agent}` has an id
 derived from the run, so every task can parent its `step` span on it from a
@@ -30,6 +31,7 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
+from approvals.models import ApprovalRequest
 from runs.engine.evaluator import verdict_of
 from runs.models import Run
 from tracing.models import Span
@@ -502,8 +504,6 @@ def approval_span_settle(run: Run, *, tool_call: Any) -> None:
     if not _traced(run):
         return
     try:
-        from approvals.models import ApprovalRequest
-
         request = ApprovalRequest.objects.filter(tool_call_id=tool_call.id).first()
         if request is None or request.status == ApprovalRequest.Status.PENDING:
             return
