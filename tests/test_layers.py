@@ -1,0 +1,106 @@
+"""The apps import one way (tests/layers.py holds the order and the scanner).
+
+docs/architecture.md draws the layers and says why controlplane's composition root
+may import any app.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.layers import (
+    ORDER,
+    apps_on_disk,
+    imports_of,
+    layer_violations,
+)
+
+# Today's violations, while the reshape of issue 23 removes them. An entry that no
+# longer occurs FAILS test_the_allowlist_has_no_stale_entries: whoever fixes a
+# violation deletes its entry here in the same commit. Never add an entry: a new
+# violation is fixed, not listed.
+KNOWN_VIOLATIONS = frozenset(
+    {
+        "approvals/models.py -> runs.models",
+        "approvals/policy.py -> runs.models",
+        "approvals/policy.py -> runs.tools.registry",
+        "approvals/services.py -> controlplane.budget_services",
+        "approvals/services.py -> controlplane.permissions",
+        "approvals/services.py -> runs.models",
+        "approvals/services.py -> runs.services",
+        "approvals/services.py -> runs.services.budget_extension",
+        "approvals/services.py -> runs.services.tool_call_edit",
+        "approvals/services.py -> runs.tools.registry",
+        "approvals/services.py -> tracing.services",
+        "controlplane/budget_ledger.py -> over 450 lines",
+        "controlplane/budget_services.py -> over 450 lines",
+        "controlplane/budget_services.py -> runs.models",
+        "controlplane/budget_services.py -> runs.services.lifecycle",
+        "controlplane/budget_services.py -> tracing.services",
+        "controlplane/rows.py -> over 450 lines",
+        "runs/runtime.py -> controlplane.budget_services",
+        "runs/services/advance.py -> approvals.services",
+        "runs/services/lifecycle.py -> approvals.services",
+        "tracing/api.py -> runs.models",
+        "tracing/ingest/storing.py -> runs.models",
+        "tracing/ingest/storing.py -> runs.services.external",
+        "tracing/models.py -> runs.models",
+        "tracing/selectors.py -> runs.models",
+        "tracing/services.py -> runs.models",
+        "tracing/store.py -> runs.models",
+    }
+)
+
+
+def test_every_app_has_a_place_in_the_order() -> None:
+    assert apps_on_disk() <= set(ORDER), "add the new app to tests/layers.py ORDER"
+
+
+def test_no_new_layer_violations() -> None:
+    found = layer_violations()
+    new = {key: places for key, places in found.items() if key not in KNOWN_VIOLATIONS}
+    assert not new, "layer violations:\n" + "\n".join(
+        place for places in new.values() for place in places
+    )
+
+
+def test_the_allowlist_has_no_stale_entries() -> None:
+    stale = sorted(KNOWN_VIOLATIONS - set(layer_violations()))
+    assert not stale, "fixed: delete from KNOWN_VIOLATIONS:\n" + "\n".join(stale)
+
+
+def test_the_scanner_sees_upward_local_and_relative_imports(tmp_path: Path) -> None:
+    for package in ("controlplane", "runs", "runs/services", "approvals"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "runs/models.py").write_text("")
+    (tmp_path / "approvals/models.py").write_text("from runs import models\n")
+    (tmp_path / "approvals/services.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from . import models\n"
+        "from controlplane.permissions import can\n"
+        "if TYPE_CHECKING:\n"
+        "    from runs.models import Run\n"
+        "def decide():\n"
+        "    from controlplane import audit\n"
+    )
+    (tmp_path / "runs/services/advance.py").write_text(
+        "from ..models import Run\nimport approvals.models\n"
+    )
+    (tmp_path / "controlplane/urls.py").write_text("def f():\n    import runs.views\n")
+    (tmp_path / "controlplane/big.py").write_text("x = 1\n" * 451)
+
+    services = imports_of(tmp_path / "approvals/services.py", tmp_path)
+    assert [(i.module, i.local) for i in services] == [
+        ("typing", False),
+        ("approvals.models", False),
+        ("controlplane.permissions", False),
+        ("runs.models", False),
+        ("controlplane", True),
+    ]
+    assert sorted(layer_violations(tmp_path)) == [
+        "approvals/models.py -> runs.models",
+        "approvals/services.py -> controlplane",
+        "approvals/services.py -> runs.models",
+        "controlplane/big.py -> over 450 lines",
+    ]
