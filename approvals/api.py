@@ -22,8 +22,8 @@ from controlplane.idempotency import (
     IDEMPOTENCY_KEY_REUSED,
     idempotent,
 )
-from controlplane.models import Role
-from controlplane.tenancy import IsTenantMember, role_required, tenant_of
+from controlplane.permissions import Action, Gate
+from controlplane.tenancy import tenant_of
 from tracing.redaction import ArgsDigestField, RedactedCharField, RedactedJSONField
 
 
@@ -103,7 +103,7 @@ class ApprovalConflictSerializer(serializers.Serializer[Any]):
 
 
 class ApprovalListApi(APIView):
-    permission_classes = [IsTenantMember]
+    gate: Gate = {"GET": Action.APPROVAL_READ}
     pagination_class = BoundedPagination
 
     class ApprovalListQuerySerializer(serializers.Serializer[Any]):
@@ -132,7 +132,7 @@ class ApprovalListApi(APIView):
 
 
 class ApprovalDetailApi(APIView):
-    permission_classes = [IsTenantMember]
+    gate: Gate = {"GET": Action.APPROVAL_READ}
 
     @extend_schema(responses=ApprovalSerializer)
     def get(self, request: Request, approval_id: str) -> Response:
@@ -144,7 +144,7 @@ class ApprovalDetailApi(APIView):
 
 
 class ApprovalDecideApi(APIView):
-    permission_classes = [role_required(Role.ADMIN, Role.OPERATOR)]
+    gate: Gate = {"POST": Action.APPROVAL_DECIDE}
 
     class DecideInputSerializer(serializers.Serializer[Any]):
         decision = serializers.ChoiceField(choices=["approve", "deny"])
@@ -257,15 +257,8 @@ class RuleInputSerializer(serializers.Serializer[Any]):
 RULE_INPUT_DOC = RuleInputSerializer
 
 
-def _admin_for_writes(view: APIView) -> list[Any]:
-    if view.request.method in ("GET", "HEAD", "OPTIONS"):
-        return [IsTenantMember()]
-    return [role_required(Role.ADMIN)()]
-
-
 class ApprovalRuleListApi(APIView):
-    def get_permissions(self) -> list[Any]:
-        return _admin_for_writes(self)
+    gate: Gate = {"GET": Action.POLICY_READ, "POST": Action.POLICY_WRITE}
 
     @extend_schema(responses=RuleSerializer(many=True))
     def get(self, request: Request) -> Response:
@@ -289,8 +282,11 @@ class ApprovalRuleListApi(APIView):
 
 
 class ApprovalRuleDetailApi(APIView):
-    def get_permissions(self) -> list[Any]:
-        return _admin_for_writes(self)
+    gate: Gate = {
+        "GET": Action.POLICY_READ,
+        "PATCH": Action.POLICY_WRITE,
+        "DELETE": Action.POLICY_WRITE,
+    }
 
     @extend_schema(responses=RuleSerializer)
     def get(self, request: Request, rule_id: str) -> Response:
@@ -333,8 +329,7 @@ class ApprovalSettingsApi(APIView):
     class ApprovalSettingsSerializer(serializers.Serializer[Any]):
         deny_reason_required = serializers.BooleanField()
 
-    def get_permissions(self) -> list[Any]:
-        return _admin_for_writes(self)
+    gate: Gate = {"GET": Action.POLICY_READ, "PUT": Action.POLICY_WRITE}
 
     @extend_schema(responses=ApprovalSettingsSerializer)
     def get(self, request: Request) -> Response:
@@ -377,7 +372,7 @@ class AuditEventSerializer(serializers.Serializer[Any]):
 class AuditListApi(APIView):
     """The tenant's audit log, newest first (admins only)."""
 
-    permission_classes = [role_required(Role.ADMIN)]
+    gate: Gate = {"GET": Action.AUDIT_READ}
     pagination_class = BoundedPagination
 
     class AuditListQuerySerializer(serializers.Serializer[Any]):

@@ -12,10 +12,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane import selectors, services
+from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 
 
 class MeApi(APIView):
+    gate: Gate = {"GET": Action.TENANT_READ}
+
     class MeSerializer(serializers.Serializer[Any]):
         username = serializers.CharField()
         tenant = serializers.CharField()
@@ -54,6 +57,8 @@ class TokenIssuedSerializer(TokenOutputSerializer):
 
 
 class TokenListApi(APIView):
+    gate: Gate = {"GET": Action.TOKEN_MANAGE, "POST": Action.TOKEN_MANAGE}
+
     # Named for the schema: two nested "InputSerializer"s made one "Input"
     # component, and this endpoint was documented with the run's required fields.
     class TokenIssueInputSerializer(serializers.Serializer[Any]):
@@ -81,6 +86,8 @@ class TokenListApi(APIView):
 
 
 class TokenRevokeApi(APIView):
+    gate: Gate = {"POST": Action.TOKEN_MANAGE}
+
     @extend_schema(request=None, responses=TokenOutputSerializer)
     def post(self, request: Request, token_id: str) -> Response:
         context = tenant_of(request)

@@ -20,7 +20,7 @@ from controlplane.budget_services import (
     budget_usage,
 )
 from controlplane.models import Tenant
-from controlplane.permissions import Action, method_actions
+from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 
 
@@ -40,7 +40,7 @@ def _budget_body(tenant: Tenant) -> dict[str, Any]:
 
 
 class BudgetApi(APIView):
-    get_permissions = method_actions(Action.BUDGET_READ, Action.BUDGET_WRITE)
+    gate: Gate = {"GET": Action.BUDGET_READ, "PUT": Action.BUDGET_WRITE}
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:

@@ -37,6 +37,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from controlplane.authentication import AuthenticationRefused, bearer_secret
+
 logger = logging.getLogger(__name__)
 
 _MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
@@ -245,11 +247,14 @@ def metrics_exposition() -> bytes:
 
 def _authorized(request: HttpRequest) -> bool:
     token = settings.METRICS_TOKEN
-    header = request.headers.get("Authorization", "")
-    if token and header.startswith("Bearer "):
-        return hmac.compare_digest(
-            header.removeprefix("Bearer ").encode(), token.encode()
-        )
+    # The header is read as every door reads it; the secret is the scrape's own
+    # (METRICS_TOKEN), not a tenant's API token.
+    try:
+        presented = bearer_secret(request.headers.get("Authorization"))
+    except AuthenticationRefused:
+        return False
+    if token and presented is not None:
+        return hmac.compare_digest(presented.encode(), token.encode())
     user = getattr(request, "user", None)
     return bool(user is not None and user.is_authenticated and user.is_staff)
 

@@ -1,21 +1,29 @@
-"""The permission matrix: which role may do what in its tenant.
+"""The permission gate: the matrix of which role may do what in its tenant, and
+the one question every door asks of it.
 
 admin: everything in the tenant; operator: start and cancel runs, decide approvals,
-send OTLP traces, and read; viewer: read. APIs (`action_required`), WebSocket
-consumers, pages and OTLP ingest (`context_may`) ask here;
-tests/test_permissions.py has a test per cell.
+send OTLP traces, and read; viewer: read. Every member manages their own API
+tokens and sees who they are in a tenant.
+
+Each door declares the action it needs and asks here: a DRF view maps its HTTP
+methods to actions in `gate` (checked by `MayAct`, the default permission class),
+a WebSocket consumer names its `gate_action`, and a plain Django view (a page,
+OTLP ingest, the tenant switch) is marked with `@declares(action)` and asks
+`context_may`. tests/test_permissions.py has a test per cell, and
+tests/test_gate_coverage.py fails for a route that declares no action.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from controlplane.models import Role
-from controlplane.tenancy import IsTenantMember, TenantContext, request_tenant_context
+from controlplane.tenancy import TenantContext, request_tenant_context
 
 
 class Action(StrEnum):
@@ -26,6 +34,7 @@ class Action(StrEnum):
     # run.read), and how long the tenant's runs are kept (docs/data.md).
     RUN_DELETE = "run.delete"
     RETENTION_WRITE = "retention.write"
+    AGENT_READ = "agent.read"  # the agents a run may be started from
     STREAM_READ = "stream.read"  # WebSocket streams of runs and the tenant
     PAGE_READ = "page.read"  # the browser pages
     APPROVAL_READ = "approval.read"
@@ -36,16 +45,23 @@ class Action(StrEnum):
     BUDGET_WRITE = "budget.write"
     AUDIT_READ = "audit.read"
     TRACE_INGEST = "trace.ingest"  # OTLP spans of external agents
+    # Every member: who they are in a tenant (and switching to it), and their
+    # own API tokens.
+    TENANT_READ = "tenant.read"
+    TOKEN_MANAGE = "token.manage"
 
 
 _READ = frozenset(
     {
         Action.RUN_READ,
+        Action.AGENT_READ,
         Action.STREAM_READ,
         Action.PAGE_READ,
         Action.APPROVAL_READ,
         Action.POLICY_READ,
         Action.BUDGET_READ,
+        Action.TENANT_READ,
+        Action.TOKEN_MANAGE,
     }
 )
 
@@ -66,31 +82,77 @@ def role_may(role: str, action: Action) -> bool:
     return action in MATRIX.get(role, frozenset())
 
 
+def roles_that_may(action: Action) -> tuple[str, ...]:
+    """The roles whose cell allows `action`, in Role order (admin first): the
+    approver roles are `roles_that_may(Action.APPROVAL_DECIDE)`."""
+    return tuple(role for role in Role.values if role_may(role, action))
+
+
 def context_may(context: TenantContext | None, action: Action) -> bool:
     """For consumers and pages: a member of the tenant whose role allows it."""
     return context is not None and role_may(context.role, action)
 
 
-def action_required(action: Action) -> type[BasePermission]:
-    """A DRF permission class: a tenant member whose role allows `action`."""
+# What a DRF view declares: the action each HTTP method needs.
+Gate = Mapping[str, Action]
 
-    class MayDo(IsTenantMember):
-        message = f"Your role may not do this ({action})."
-
-        def has_permission(self, request: Request, view: Any) -> bool:
-            if not super().has_permission(request, view):
-                return False
-            return context_may(request_tenant_context(request), action)
-
-    MayDo.__name__ = f"May_{action.replace('.', '_')}"
-    return MayDo
+_ECHOES = ("HEAD", "OPTIONS")
 
 
-def method_actions(read: Action, write: Action) -> Any:
-    """`get_permissions` for a view whose safe methods read and the rest write."""
+def declared_action(view: Any, method: str) -> Action | None:
+    """The action `view` declares for `method`; None when it declares none.
 
-    def get_permissions(view: Any) -> list[BasePermission]:
-        safe = view.request.method in ("GET", "HEAD", "OPTIONS")
-        return [action_required(read if safe else write)()]
+    HEAD and OPTIONS need what GET needs, or the one action of a view that
+    declares only one (a POST-only view answers OPTIONS to those who may post).
+    """
+    gate: Gate = getattr(view, "gate", None) or {}
+    method = method.upper()
+    if method in gate:
+        return gate[method]
+    if method in _ECHOES:
+        if "GET" in gate:
+            return gate["GET"]
+        actions = set(gate.values())
+        if len(actions) == 1:
+            return actions.pop()
+    return None
 
-    return get_permissions
+
+class MayAct(BasePermission):
+    """The gate at every DRF view: a member of the caller's tenant whose role
+    allows the action the view declares (`gate`) for this method. A handler
+    that declares none is refused, so a forgotten declaration fails closed."""
+
+    message = "You are not a member of this tenant."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not request.user or not request.user.is_authenticated:
+            return False
+        method = request.method or ""
+        context = request_tenant_context(request)
+        if context is None:
+            return False
+        action = declared_action(view, method)
+        if action is None:
+            # A method the view does not offer is answered 405 by DRF; one it
+            # offers without declaring an action is refused.
+            self.message = "This operation declares no permission."
+            return not hasattr(view, method.lower())
+        if not role_may(context.role, action):
+            self.message = f"Your role may not do this ({action})."
+            return False
+        return True
+
+
+View = TypeVar("View", bound=Callable[..., Any])
+
+
+def declares(action: Action) -> Callable[[View], View]:
+    """Mark a plain Django view with the action it asks `context_may` about;
+    the route walk in tests/test_gate_coverage.py reads the mark."""
+
+    def mark(view: View) -> View:
+        view.gate_action = action  # type: ignore[attr-defined]
+        return view
+
+    return mark

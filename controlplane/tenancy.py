@@ -1,19 +1,18 @@
 """Who is calling and in which tenant: the one place APIs and consumers ask.
 
-The credentials themselves are checked by controlplane.authentication."""
+The credentials themselves are checked by controlplane.authentication, and what
+the caller may do there by controlplane.permissions."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from controlplane import selectors
-from controlplane.models import ApiToken, Membership, Role, Tenant
+from controlplane.models import ApiToken, Membership, Tenant
 
 TENANT_HEADER = "HTTP_X_TENANT"
 SESSION_TENANT_KEY = "tenant"
@@ -25,9 +24,6 @@ class TenantContext:
     user: User
     role: str
     token: ApiToken | None = None
-
-    def has_role(self, *roles: str) -> bool:
-        return self.role in roles
 
 
 def tenant_context_for(
@@ -78,33 +74,8 @@ def request_tenant_context(request: Request) -> TenantContext | None:
 
 
 def tenant_of(request: Request) -> TenantContext:
-    """The caller's tenant context; views behind IsTenantMember always have one."""
+    """The caller's tenant context; views behind the gate (MayAct) always have one."""
     context = request_tenant_context(request)
     if context is None:
         raise PermissionDenied("You are not a member of this tenant.")
     return context
-
-
-class IsTenantMember(BasePermission):
-    message = "You are not a member of this tenant."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        if not request.user or not request.user.is_authenticated:
-            return False
-        return request_tenant_context(request) is not None
-
-
-def role_required(*roles: Role) -> type[BasePermission]:
-    """A permission class allowing only members with one of `roles`."""
-    names = {str(role) for role in roles}
-
-    class HasRole(IsTenantMember):
-        message = f"This needs the role {' or '.join(sorted(names))}."
-
-        def has_permission(self, request: Request, view: Any) -> bool:
-            if not super().has_permission(request, view):
-                return False
-            context = request_tenant_context(request)
-            return context is not None and context.role in names
-
-    return HasRole

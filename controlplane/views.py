@@ -7,10 +7,12 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
+from controlplane.permissions import Action, context_may, declares
 from controlplane.tenancy import SESSION_TENANT_KEY, tenant_context_for
 
 
 @login_required
+@declares(Action.PAGE_READ)  # runs_page asks the gate
 def home(request: HttpRequest) -> HttpResponse:
     """The start page is the runs list (served here too, so "/" needs no hop)."""
     from frontend.views import runs_page
@@ -20,9 +22,11 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
+@declares(Action.TENANT_READ)
 def tenant_switch(request: HttpRequest) -> HttpResponse:
     slug = request.POST.get("tenant", "")
-    if tenant_context_for(user=request.user, requested_slug=slug) is None:
+    wanted = tenant_context_for(user=request.user, requested_slug=slug)
+    if not context_may(wanted, Action.TENANT_READ):
         return HttpResponse("You are not a member of that tenant.", status=403)
     request.session[SESSION_TENANT_KEY] = slug
     return redirect(request.POST.get("next") or "home")

@@ -10,7 +10,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.tenancy import IsTenantMember, tenant_of
+from controlplane.permissions import Action, Gate
+from controlplane.tenancy import tenant_of
 from runs import selectors
 
 
@@ -22,7 +23,7 @@ class AgentSerializer(serializers.Serializer[Any]):
 
 
 class AgentListApi(APIView):
-    permission_classes = [IsTenantMember]
+    gate: Gate = {"GET": Action.AGENT_READ}
 
     @extend_schema(responses=AgentSerializer(many=True))
     def get(self, request: Request) -> Response:

@@ -25,7 +25,7 @@ from controlplane.idempotency import (
     IDEMPOTENCY_KEY_REUSED,
     idempotent,
 )
-from controlplane.permissions import Action, action_required, method_actions
+from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
 from runs.engine.evaluator import verdict_of
@@ -140,10 +140,7 @@ class RunListApi(APIView):
             super().__init__(*args, **kwargs)
             self.fields["input"] = _input_field()
 
-    def get_permissions(self) -> list[Any]:
-        if self.request.method == "POST":
-            return [action_required(Action.RUN_START)()]
-        return [action_required(Action.RUN_READ)()]
+    gate: Gate = {"GET": Action.RUN_READ, "POST": Action.RUN_START}
 
     @extend_schema(
         parameters=[RunListQuerySerializer], responses=RunSerializer(many=True)
@@ -218,7 +215,7 @@ class RunDeletedSerializer(serializers.Serializer[Any]):
 
 class RunDetailApi(APIView):
     # Reading is run.read; DELETE is run.delete (admins, docs/data.md).
-    get_permissions = method_actions(Action.RUN_READ, Action.RUN_DELETE)
+    gate: Gate = {"GET": Action.RUN_READ, "DELETE": Action.RUN_DELETE}
 
     @extend_schema(responses=RunDetailSerializer)
     def get(self, request: Request, run_id: str) -> Response:
@@ -257,7 +254,7 @@ class RunDetailApi(APIView):
 
 
 class RunCancelApi(APIView):
-    permission_classes = [action_required(Action.RUN_CANCEL)]
+    gate: Gate = {"POST": Action.RUN_CANCEL}
 
     @extend_schema(
         request=None, responses={200: RunSerializer, 409: RunConflictSerializer}
@@ -283,7 +280,7 @@ class RunCancelApi(APIView):
 class StatsApi(APIView):
     """The dashboard's aggregates of this tenant's runs created since `since`."""
 
-    permission_classes = [action_required(Action.RUN_READ)]
+    gate: Gate = {"GET": Action.RUN_READ}
 
     @extend_schema(
         parameters=[

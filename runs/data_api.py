@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 
 from approvals.api import ApprovalSerializer
 from approvals.selectors import approval_list_for
-from controlplane.permissions import Action, action_required, method_actions
+from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 from runs import selectors
 from runs.api import RunDetailSerializer
@@ -97,7 +97,7 @@ def _export_otlp(run: Run) -> dict[str, Any]:
 class RunExportApi(APIView):
     """One run, whole: viewers may export (it is a read of the run)."""
 
-    permission_classes = [action_required(Action.RUN_READ)]
+    gate: Gate = {"GET": Action.RUN_READ}
     content_negotiation_class = _FormatIsTheExportsOwn
     renderer_classes = [JSONRenderer]
     fixed_format: str | None = None  # set by the `/export.otlp.json` view
@@ -167,7 +167,7 @@ def _retention_body(context: Any) -> dict[str, Any]:
 class RetentionApi(APIView):
     """How long the tenant's terminal runs are kept; admins set it."""
 
-    get_permissions = method_actions(Action.RUN_READ, Action.RETENTION_WRITE)
+    gate: Gate = {"GET": Action.RUN_READ, "PUT": Action.RETENTION_WRITE}
 
     @extend_schema(responses=RetentionOutputSerializer)
     def get(self, request: Request) -> Response:

@@ -34,6 +34,9 @@ EXPECTED = {
     Action.BUDGET_WRITE:      (True,  False, False),
     Action.AUDIT_READ:        (True,  False, False),
     Action.TRACE_INGEST:      (True,  True,  False),
+    Action.AGENT_READ:        (True,  True,  True),
+    Action.TENANT_READ:       (True,  True,  True),
+    Action.TOKEN_MANAGE:      (True,  True,  True),
 }  # fmt: skip
 demo_agent = runs_fixtures.demo_agent
 shop = runs_fixtures.shop
@@ -147,6 +150,15 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
             "endTimeUnixNano": "1700000001000000000"}]}]}]}  # fmt: skip
         response = api.post("/v1/traces", body, format="json")
         assert (response.status_code == 200) == Run.objects.exists()
+    elif action is Action.AGENT_READ:
+        response = api.get("/api/v1/agents/")
+    elif action is Action.TENANT_READ:
+        response = api.get("/api/v1/me/")
+    elif action is Action.TOKEN_MANAGE:
+        response = api.post("/api/v1/tokens/", {"name": "ci"}, format="json")
+        issued = response.json().get("id")
+        if issued is not None:
+            response = api.post(f"/api/v1/tokens/{issued}/revoke/")
     else:  # pragma: no cover - STREAM_READ has its own async test
         raise AssertionError(action)
     assert response.status_code in (200, 201, 403), response.content

@@ -24,8 +24,8 @@ from controlplane.authentication import (
     TooManyFailures,
     bearer_authenticate,
 )
-from controlplane.permissions import Action, context_may
-from controlplane.tenancy import IsTenantMember, tenant_context_for, tenant_of
+from controlplane.permissions import Action, Gate, context_may, declares
+from controlplane.tenancy import tenant_context_for, tenant_of
 from runs.models import Run
 from tracing import selectors
 from tracing.ingest import (
@@ -67,7 +67,7 @@ def _run_of(request: Request, run_id: str) -> Run:
 
 
 class RunEventListApi(APIView):
-    permission_classes = [IsTenantMember]
+    gate: Gate = {"GET": Action.RUN_READ}
 
     @extend_schema(
         parameters=[
@@ -96,7 +96,7 @@ class RunEventListApi(APIView):
 
 
 class RunSpanListApi(APIView):
-    permission_classes = [IsTenantMember]
+    gate: Gate = {"GET": Action.RUN_READ}
 
     @extend_schema(
         parameters=[
@@ -131,7 +131,7 @@ class RunSpanListApi(APIView):
 
 
 class SpanDetailApi(APIView):
-    permission_classes = [IsTenantMember]
+    gate: Gate = {"GET": Action.RUN_READ}
 
     @extend_schema(responses={200: dict})
     def get(self, request: Request, span_pk: int) -> Response:
@@ -168,6 +168,7 @@ def _error(status: int, code: str, message: str, **headers: str) -> JsonResponse
 
 @csrf_exempt
 @require_POST
+@declares(Action.TRACE_INGEST)
 def otlp_traces(request: HttpRequest) -> HttpResponse:
     """OTLP/HTTP `POST /v1/traces`: protobuf or JSON, gzip allowed, tenant token."""
     try:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -67,6 +67,8 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     """Authorisation, a bounded send queue, heartbeats and bad-message handling."""
 
     cursor_name = "after_seq"
+    # What the permission gate is asked at connect and again while it runs.
+    gate_action: ClassVar[Action] = Action.STREAM_READ
     context: TenantContext | None = None
 
     async def _authorize(self) -> bool:
@@ -85,7 +87,7 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         if self.context is None:
             await self._refuse(CLOSE_UNAUTHENTICATED, "sign in or send an API token")
             return False
-        if not context_may(self.context, Action.STREAM_READ):
+        if not context_may(self.context, self.gate_action):
             await self._refuse(CLOSE_FORBIDDEN, "your role may not read streams")
             return False
         return True
@@ -183,7 +185,7 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             await asyncio.sleep(settings.STREAM_AUTH_RECHECK_SECONDS)
             try:
                 current = await database_sync_to_async(tenant_context_current)(
-                    principal=principal, action=Action.STREAM_READ
+                    principal=principal, action=self.gate_action
                 )
             except Exception:
                 # Fail closed: a stream whose caller cannot be checked ends; the

@@ -185,7 +185,7 @@ REST_FRAMEWORK = {
         "controlplane.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["controlplane.tenancy.IsTenantMember"],
+    "DEFAULT_PERMISSION_CLASSES": ["controlplane.permissions.MayAct"],
     "DEFAULT_SCHEMA_CLASS": "controlplane.api_schema.ApiAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api_errors.api_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "controlplane.api_input.BoundedPagination",
