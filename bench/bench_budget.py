@@ -47,7 +47,12 @@ def hammer(operation: Any, writers: int = WRITERS) -> dict[str, Any]:
 
     from django.db import connections
 
-    connections.close_all()  # each forked writer opens its own connection
+    # Each forked writer opens its own connection. The pool goes too: a child
+    # forked beside the pool's threads inherits their locks held and hangs.
+    connections.close_all()
+    for connection in connections.all():
+        if hasattr(connection, "close_pool"):
+            connection.close_pool()
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(writers + 1)
     results = context.Queue()
