@@ -380,7 +380,7 @@ def _budget_extension_final(
 ) -> None:
     """Approved: grow the cap or grant the period allowance, audited, and resume
     the run at the refused reservation. Denied or expired: end the run."""
-    from controlplane.budget_services import budget_grant_create
+    from budgets.extensions import budget_grant_create
     from runs.services import run_resume
     from runs.services.budget_extension import (
         run_cap_extend,
