@@ -57,7 +57,6 @@ INSTALLED_APPS = [
     "axes",
     "csp",
     "controlplane",
-    "budgets",
     "runs",
     "shop",
     "approvals",
