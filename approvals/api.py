@@ -22,7 +22,7 @@ from controlplane.idempotency import (
     IDEMPOTENCY_KEY_REUSED,
     idempotent,
 )
-from controlplane.permissions import Action, Gate
+from controlplane.permissions import Action, Gate, roles_that_may
 from controlplane.tenancy import tenant_of
 from tracing.redaction import ArgsDigestField, RedactedCharField, RedactedJSONField
 
@@ -248,7 +248,8 @@ class RuleInputSerializer(serializers.Serializer[Any]):
     action = serializers.ChoiceField(choices=["allow", "require_approval", "deny"])
     ttl_seconds = serializers.IntegerField(required=False, allow_null=True)
     approver_roles = serializers.ListField(
-        child=serializers.ChoiceField(choices=["admin", "operator"]), required=False
+        child=serializers.ChoiceField(choices=roles_that_may(Action.APPROVAL_DECIDE)),
+        required=False,
     )
     approvals_required = serializers.IntegerField(required=False)
     starter_may_approve = serializers.BooleanField(required=False)

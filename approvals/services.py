@@ -29,6 +29,7 @@ from approvals.models import (
     TenantApprovalSettings,
 )
 from approvals.policy import APPROVER_ROLE_CHOICES, RULE_PREFIX
+from budgets.extensions import budget_grant_create
 from controlplane import metrics
 from controlplane.models import Membership, Role
 from controlplane.services import audit_record
@@ -380,7 +381,6 @@ def _budget_extension_final(
 ) -> None:
     """Approved: grow the cap or grant the period allowance, audited, and resume
     the run at the refused reservation. Denied or expired: end the run."""
-    from controlplane.budget_services import budget_grant_create
     from runs.services import run_resume
     from runs.services.budget_extension import (
         run_cap_extend,

@@ -107,8 +107,8 @@ def measure(database_url: str) -> dict[str, Any]:
 
     from django.db.models import F
 
-    from controlplane.budget_ledger import Amounts, budget_reserve, budget_settle
-    from controlplane.budget_models import Budget, BudgetCounter, BudgetLedgerEntry
+    from budgets.ledger import Amounts, budget_reserve, budget_settle
+    from budgets.models import Budget, BudgetCounter, BudgetLedgerEntry
     from controlplane.models import Tenant
 
     tenant = Tenant.objects.create(slug=f"bench-{uuid.uuid4().hex[:6]}", name="b")
@@ -125,7 +125,7 @@ def measure(database_url: str) -> dict[str, Any]:
     actual = Amounts(input_tokens=1100, output_tokens=300, cost=Decimal("0.0058"))
     run_id = uuid.uuid4()
 
-    from controlplane.budget_ledger import _prepare, _raw_cursor
+    from budgets.ledger import _prepare, _raw_cursor
 
     plain_sql = (
         f"UPDATE {BudgetCounter._meta.db_table} SET used_runs = used_runs + 1"

@@ -123,24 +123,10 @@ class IdempotencyKey(models.Model):
         return f"{self.operation} {self.key!r}"
 
 
-# Budgets live in their own module; imported here so they belong to this app.
-from controlplane.budget_models import (  # noqa: E402
-    Budget,
-    BudgetCounter,
-    BudgetGrant,
-    BudgetLedgerEntry,
-    ModelPriceEntry,
-)
-
 __all__ = [
     "ApiToken",
     "AuditEvent",
-    "Budget",
-    "BudgetCounter",
-    "BudgetGrant",
-    "BudgetLedgerEntry",
     "Membership",
-    "ModelPriceEntry",
     "Role",
     "Tenant",
 ]

@@ -42,7 +42,6 @@ urlpatterns = [
     path("api/v1/", include("tracing.urls")),
     path("api/v1/", include("runs.urls")),
     path("api/v1/", include("approvals.urls")),
-    path("api/v1/", include("controlplane.budget_urls")),
     path("", include("frontend.urls")),
 ]
 

@@ -19,7 +19,6 @@ from rest_framework.views import APIView
 
 from controlplane.api_input import BoundedPagination, query_params
 from controlplane.api_schema import ErrorDetailSerializer
-from controlplane.budget_services import run_usage_against_caps
 from controlplane.idempotency import (
     IDEMPOTENCY_KEY_PARAMETER,
     IDEMPOTENCY_KEY_REUSED,
@@ -31,6 +30,7 @@ from runs import selectors, services
 from runs.engine.evaluator import verdict_of
 from runs.models import Run
 from runs.services.retention import run_delete
+from runs.services.spend import run_usage_against_caps
 from runs.stats import run_stats_for
 from tracing.redaction import RedactedCharField, RedactedJSONField
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from budgets.extensions import limits_with_extensions
+from budgets.models import Budget
+from budgets.prices import PriceLookup, model_price_for
+from budgets.services import run_ceiling_of
 from runs.engine.adapters import ModelAdapter, build_model_adapter
 from runs.engine.budget import BudgetLimits
 from runs.engine.evaluator import Evaluator
@@ -18,10 +22,6 @@ from runs.engine.tools import ToolRegistry
 from runs.evaluators import evaluator_for
 from runs.models import Agent, Run
 from runs.tools.registry import tool_registry_for
-
-if TYPE_CHECKING:
-    from controlplane.budget_models import Budget
-    from controlplane.budget_services import PriceLookup
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,6 @@ def runtime_for(
 ) -> RunRuntime:
     """`budget`: the run's tenant's (`budget_of`), read by the caller; `price`:
     the agent's model's, if the caller read it."""
-    from controlplane.budget_services import (
-        limits_with_extensions,
-        model_price_for,
-        run_ceiling_of,
-    )
-
     agent = run.agent
     if price is None:
         price = model_price_for(model=agent.model, tenant_id=run.tenant_id)

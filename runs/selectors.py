@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
+from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Count, Prefetch, QuerySet, Sum
+from django.utils import timezone
 
+from budgets.ledger import bucket_start, budget_of
+from budgets.models import PERIOD_DIMENSIONS, PERIODS, Budget
+from budgets.services import budget_usage
 from controlplane.models import Tenant
 from runs.models import Agent, Run, Step, ToolCall
 
@@ -46,3 +52,37 @@ def run_get_for(*, tenant: Tenant, run_id: str | uuid.UUID) -> Run | None:
 
 def agent_list_for(*, tenant: Tenant) -> QuerySet[Agent]:
     return Agent.objects.filter(tenant=tenant).order_by("slug")
+
+
+def tenant_budget_usage(*, tenant: Tenant) -> dict[str, Any]:
+    """Used and reserved per period dimension in the current windows.
+
+    A tenant without a budget has no ledger (nothing is reserved where nothing
+    is limited): its use is what the window's runs recorded themselves."""
+    budget = budget_of(tenant)
+    if budget is not None:
+        return budget_usage(budget=budget)
+    now = timezone.now()
+    return {period: _runs_window_usage(tenant.pk, period, now) for period in PERIODS}
+
+
+def _runs_window_usage(
+    tenant_id: Any, period: str, now: dt.datetime
+) -> dict[str, dict[str, str]]:
+    """The calendar window's own runs' counters (ingested traces spend nothing
+    here, so they are left out), in `budgets.ledger.window_usage`'s shape."""
+    start = bucket_start(Budget.PeriodMode.CALENDAR, period, now)
+    totals = (
+        Run.objects.filter(tenant_id=tenant_id, created_at__gte=start)
+        .exclude(stop_reason="external")
+        .aggregate(
+            input_tokens=Sum("input_tokens"),
+            output_tokens=Sum("output_tokens"),
+            cost=Sum("cost"),
+            runs=Count("id"),
+        )
+    )
+    return {
+        name: {"used": str(totals[name] or 0), "reserved": "0"}
+        for name in PERIOD_DIMENSIONS
+    }

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from runs import agents_api, api, data_api
+from runs import agents_api, api, budget_api, data_api
 
 urlpatterns = [
     path("agents/", agents_api.AgentListApi.as_view(), name="api-agents"),
@@ -21,4 +21,5 @@ urlpatterns = [
         name="api-run-export-otlp",
     ),
     path("retention/", data_api.RetentionApi.as_view(), name="api-retention"),
+    path("budget/", budget_api.BudgetApi.as_view(), name="api-budget"),
 ]

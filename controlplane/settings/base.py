@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "axes",
     "csp",
     "controlplane",
+    "budgets",
     "runs",
     "shop",
     "approvals",

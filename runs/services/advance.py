@@ -28,20 +28,14 @@ from approvals.services import (
     approval_edit_note,
     approval_outcome_for,
 )
-from controlplane import metrics
-from controlplane.budget_ledger import BudgetRefusal
-from controlplane.budget_services import (
+from budgets.extensions import (
     ExtensionAsk,
-    budget_after_model_call,
-    budget_after_tool_call,
-    budget_before_model_call,
-    budget_before_tool_call,
     budget_cap_extension_ask,
     budget_period_extension_ask,
-    budget_run_cap_refused_event,
-    budget_run_ended,
-    stop_reason_for,
 )
+from budgets.ledger import BudgetRefusal
+from budgets.services import stop_reason_for
+from controlplane import metrics
 from controlplane.rows import (
     EncodedJSON,
     Statement,
@@ -96,6 +90,8 @@ from runs.failpoints import failpoint
 from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
+from runs.services.admission import budget_run_ended
+from runs.services.dispatch import step_dispatch_on_commit
 from runs.services.lease_renewal import lease_renewer
 from runs.services.lifecycle import (
     LeaseLost,
@@ -106,7 +102,13 @@ from runs.services.lifecycle import (
     run_finish_fields,
     run_save,
     run_save_prepare,
-    step_dispatch_on_commit,
+)
+from runs.services.spend import (
+    budget_after_model_call,
+    budget_after_tool_call,
+    budget_before_model_call,
+    budget_before_tool_call,
+    budget_run_cap_refused_event,
 )
 from runs.spans import (
     approval_span_open,

@@ -16,12 +16,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.budget_ledger import BudgetRefusal
-from controlplane.budget_services import budget_run_ended, stop_reason_for
+from budgets.ledger import BudgetRefusal
+from budgets.services import stop_reason_for
 from runs.engine.loop import EngineState
 from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason, terminal_status
 from runs.models import Run, ToolCall
+from runs.services.admission import budget_run_ended
 from runs.services.lifecycle import counters_from_state, run_finish_fields
 from runs.spans import run_root_end
 

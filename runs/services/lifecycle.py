@@ -13,21 +13,12 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from kombu.exceptions import OperationalError as BrokerUnavailable
 
+from budgets.ledger import budget_release_for_run, budget_select
+from budgets.models import Budget
+from budgets.prices import PriceLookup, model_price_of, model_price_select
+from budgets.services import tenant_run_ceiling
 from controlplane import metrics
-from controlplane.budget_ledger import budget_select
-from controlplane.budget_models import Budget
-from controlplane.budget_services import (
-    PriceLookup,
-    budget_admit_run,
-    budget_release_run,
-    model_price_of,
-    model_price_select,
-    run_slot_claim,
-    runs_start_queued,
-    tenant_run_ceiling,
-)
 from controlplane.models import Tenant
 from controlplane.rows import (
     ColumnOf,
@@ -43,7 +34,8 @@ from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason
 from runs.models import Agent, Run, ToolCall
 from runs.runtime import effective_limits
-from runs.spans import traceparent_for
+from runs.services.admission import budget_admit_run, run_slot_claim, runs_start_queued
+from runs.services.dispatch import step_enqueue
 
 logger = logging.getLogger(__name__)
 
@@ -62,57 +54,6 @@ class RunConflict(Exception):
     def __init__(self, run: Run, message: str) -> None:
         super().__init__(message)
         self.run = run
-
-
-def step_enqueue(run: Run) -> None:
-    """Give the run a new step token and enqueue its next step after commit.
-
-    The token makes a stale or duplicate delivery a no-op (it no longer matches).
-    """
-    token, now = uuid.uuid4(), timezone.now()
-    Run.objects.filter(id=run.id).update(
-        step_token=token, enqueued_at=now, version=F("version") + 1
-    )
-    run.step_token, run.enqueued_at = token, now
-    run.version += 1
-    step_dispatch_on_commit(run)
-
-
-def step_dispatch_on_commit(run: Run) -> None:
-    """Enqueue the task for the run's current step token once the token is committed."""
-    from runs.tasks import advance_run_task
-
-    run_id, token = str(run.id), str(run.step_token)
-    traceparent = traceparent_for(run) if run.trace_id else None
-
-    def dispatch() -> None:
-        try:
-            # Celery's own repr of the arguments (for monitoring) cost about 0.1 ms
-            # a step; the run id says what the task is about. (celery-types lacks
-            # these documented options.)
-            advance_run_task.apply_async(  # type: ignore[call-arg]
-                kwargs={
-                    "run_id": run_id,
-                    "step_token": token,
-                    "traceparent": traceparent,
-                },
-                argsrepr="()",
-                kwargsrepr=f"{{'run_id': '{run_id}'}}",
-            )
-        except BrokerUnavailable:
-            # What was committed stands (the run, a decision): the caller answers
-            # with it. The token is committed with `enqueued_at` and no message;
-            # recovery enqueues it (recover_stalled_runs), so raising here would
-            # only turn work that was done into an error, and a client's retry
-            # into a second run.
-            logger.warning(
-                "run %s: the broker is unavailable, step not enqueued; "
-                "recovery will enqueue it",
-                run_id,
-                exc_info=True,
-            )
-
-    transaction.on_commit(dispatch)
 
 
 @transaction.atomic
@@ -373,7 +314,7 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
         **run_finish_fields(state, StopReason.CANCELLED, Run.Status.CANCELLED),
     )
     locked.refresh_from_db()
-    budget_release_run(run_id=locked.id)
+    budget_release_for_run(run_id=locked.id)
     runs_start_queued(tenant_id=locked.tenant_id)  # its slot frees now
     return locked
 

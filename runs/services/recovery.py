@@ -23,10 +23,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.budget_services import budget_release_run, runs_start_queued
+from budgets.ledger import budget_release_for_run
 from controlplane.celery import workers_gone
 from runs.models import Run
-from runs.services.lifecycle import step_enqueue
+from runs.services.admission import runs_start_queued
+from runs.services.dispatch import step_enqueue
 from runs.spans import spans_abandon_of_dead_workers
 
 logger = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def recover_stalled_runs() -> int:
                 run = Run.objects.get(id=run_id)
                 spans_abandon_of_dead_workers(run)
                 # What the crashed step reserved was never settled: give it back.
-                budget_release_run(run_id=run_id)
+                budget_release_for_run(run_id=run_id)
                 step_enqueue(run)
                 recovered += 1
                 logger.warning("run %s: its step was lost; enqueued it again", run_id)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.db.models import F, Sum
 
-from controlplane.budget_models import Budget, BudgetCounter, ModelPriceEntry
+from budgets.models import Budget, BudgetCounter, ModelPriceEntry
 from runs.engine.contracts import (
     Effect,
     Idempotency,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.budget_models import Budget
+from budgets.models import Budget
 from controlplane.models import AuditEvent
 from runs.services import run_start
 from tests.runs.conftest import drive

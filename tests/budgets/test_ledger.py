@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 from django.db import close_old_connections, connection, transaction
 
-from controlplane.budget_ledger import (
+from budgets.ledger import (
     Amounts,
     BudgetRefusal,
     budget_release,
@@ -20,7 +20,7 @@ from controlplane.budget_ledger import (
     budget_settle,
     window_totals,
 )
-from controlplane.budget_models import BudgetCounter, BudgetLedgerEntry
+from budgets.models import BudgetCounter, BudgetLedgerEntry
 from tests.budgets.conftest import counter_sums
 
 NOON = dt.datetime(2026, 3, 14, 12, 30, tzinfo=dt.UTC)
@@ -282,7 +282,7 @@ def test_rolling_reservation_that_fits_takes_the_pipelined_path(
     and names its dimension."""
     import psycopg
 
-    from controlplane import budget_ledger
+    from budgets import ledger as budget_ledger
 
     budget = make_budget(
         tenant, period_mode="rolling", period_limits={"day": {"input_tokens": 100}}

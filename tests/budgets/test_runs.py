@@ -9,11 +9,11 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from controlplane.budget_ledger import window_totals
-from controlplane.budget_models import BudgetLedgerEntry
-from controlplane.budget_services import budget_update
+from budgets.ledger import window_totals
+from budgets.models import BudgetLedgerEntry
 from runs.models import Run, Step, ToolCall
 from runs.services import recover_stalled_runs, run_advance, run_cancel, run_start
+from runs.services.admission import budget_update_and_admit as budget_update
 from tests.budgets.conftest import counter_sums
 from tracing.models import RunEvent
 

@@ -10,7 +10,7 @@ import pytest
 from django.db.models import Q
 from django.forms.models import model_to_dict
 
-from controlplane.budget_models import ModelPriceEntry
+from budgets.models import ModelPriceEntry
 from controlplane.rows import (
     ColumnOf,
     EncodedJSON,

@@ -271,7 +271,7 @@ def test_lost_socket_shows_reconnecting_and_after_reconnect_holds_every_span_onc
 def test_admin_edits_the_budget_with_server_validation_and_finds_it_in_the_audit_log(
     tenant: Any, admin_user: Any, open_page: Any
 ) -> None:
-    from controlplane.budget_models import Budget
+    from budgets.models import Budget
 
     page = open_page(admin_user, "/budget/")
     expect(page.get_by_role("meter", name="Runs").first).to_be_visible()
@@ -353,7 +353,7 @@ def test_operator_cancels_a_waiting_run_from_its_page(
 def test_inbox_shows_a_budget_extension_and_approving_it_resumes_the_run(
     shop: Any, operator_user: Any, open_page: Any, ui_worker: Any
 ) -> None:
-    from controlplane.budget_models import Budget, BudgetGrant
+    from budgets.models import Budget, BudgetGrant
 
     Budget.objects.create(
         tenant=shop,

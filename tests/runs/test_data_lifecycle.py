@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approval_decide
-from controlplane.models import AuditEvent, Budget, BudgetLedgerEntry, Tenant
+from budgets.models import Budget, BudgetLedgerEntry
+from controlplane.models import AuditEvent, Tenant
 from runs.demo import demo_seed_shop
 from runs.models import Agent, Run, Step, ToolCall
 from runs.services import run_start

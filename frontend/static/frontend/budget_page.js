@@ -7,7 +7,7 @@ import { el, money } from "./format.js";
 import { gauge } from "./gauge.js";
 
 const root = document.getElementById("budget-root");
-const isAdmin = root.dataset.admin === "1";
+const canEdit = root.dataset.admin === "1"; // the role may write the budget
 let budget = null;
 
 const PERIOD_LABEL = { day: "Today", month: "This month" };
@@ -52,7 +52,7 @@ function render() {
   }
   sections.push(el("p", { class: "muted small", text: `Unknown model prices: ${budget.allow_unknown_price ? "allowed (tokens counted, cost unbounded)" : "refused"}` }));
   document.getElementById("gauges").replaceChildren(...sections);
-  if (isAdmin) renderForm();
+  if (canEdit) renderForm();
 }
 
 function input(path, value, label, { integer }) {

@@ -48,7 +48,7 @@ from django.db.models import F, Q, Sum, Value
 from django.utils import timezone
 from psycopg.types.numeric import Int4, Int8
 
-from controlplane.budget_models import (
+from budgets.models import (
     PERIOD_DIMENSIONS,
     PERIODS,
     Budget,

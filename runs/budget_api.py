@@ -1,4 +1,8 @@
-"""GET/PUT /api/v1/budget/: the caller's tenant budget and its use (admins write)."""
+"""GET/PUT /api/v1/budget/: the caller's tenant budget and its use (admins write).
+
+It lives in runs, not budgets: its body counts the tenant's active runs and, for
+a tenant without a budget, what its runs spent; an edit starts queued runs.
+"""
 
 from __future__ import annotations
 
@@ -11,22 +15,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.budget_ledger import budget_of
-from controlplane.budget_services import (
-    BudgetInputError,
-    active_run_count,
-    budget_as_dict,
-    budget_update,
-    budget_usage,
-)
+from budgets.ledger import budget_of
+from budgets.services import BudgetInputError, budget_as_dict
 from controlplane.models import Tenant
 from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
+from runs.selectors import tenant_budget_usage
+from runs.services.admission import active_run_count, budget_update_and_admit
 
 
 def _budget_body(tenant: Tenant) -> dict[str, Any]:
     body = budget_as_dict(budget_of(tenant))
-    windows = budget_usage(tenant=tenant)
+    windows = tenant_budget_usage(tenant=tenant)
     body["usage"] = {
         period: {name: values["used"] for name, values in dims.items()}
         for period, dims in windows.items()
@@ -50,7 +50,7 @@ class BudgetApi(APIView):
     def put(self, request: Request) -> Response:
         context = tenant_of(request)
         try:
-            budget_update(
+            budget_update_and_admit(
                 tenant=context.tenant,
                 actor=context.user,
                 data=request.data,

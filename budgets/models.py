@@ -1,6 +1,7 @@
-"""Tenant budgets, their period counters, the ledger and the model price table.
+"""Tenant budgets, their period counters, the ledger, grants and the model price table.
 
-Imported by `controlplane.models`, so they belong to the controlplane app.
+The tables keep the names they had in the controlplane app (`db_table`): the
+models moved to this app by a state-only migration, no data moved.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class Budget(models.Model):
     version = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        db_table = "controlplane_budget"
+
     def __str__(self) -> str:
         return f"budget of {self.tenant}"
 
@@ -63,7 +67,7 @@ class BudgetCounter(models.Model):
     Calendar mode has one bucket per day and per month, each split into slots
     (escrow): a slot holds a share of the limit (`quota_*`), so concurrent
     writers reserve on different rows; the shares always sum to the limit and
-    are moved between slots under lock when one runs short (budget_ledger.py).
+    are moved between slots under lock when one runs short (budgets/ledger.py).
     Rolling mode has hour buckets (summed over 24 hours) and day buckets (summed
     over 30 days), one slot each, checked against the limit under the budget lock.
     """
@@ -97,6 +101,7 @@ class BudgetCounter(models.Model):
     limits_version = models.PositiveIntegerField(default=0)
 
     class Meta:
+        db_table = "controlplane_budgetcounter"
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "period", "bucket_start", "slot"],
@@ -167,6 +172,9 @@ class BudgetLedgerEntry(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     settled_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        db_table = "controlplane_budgetledgerentry"
+
     def __str__(self) -> str:
         return f"{self.kind} {self.status} for run {self.run_id}"
 
@@ -196,6 +204,7 @@ class BudgetGrant(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        db_table = "controlplane_budgetgrant"
         constraints = [
             models.UniqueConstraint(
                 fields=["run_id", "period", "bucket_start", "dimension"],
@@ -224,6 +233,7 @@ class ModelPriceEntry(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        db_table = "controlplane_modelpriceentry"
         constraints = [
             models.UniqueConstraint(
                 fields=["tenant", "model"], name="one_price_per_model_and_tenant"
