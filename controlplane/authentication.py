@@ -6,6 +6,10 @@ everywhere: it must exist, not be revoked and belong to an active user (401
 otherwise); the tenant context then needs the user to still be a member of the
 token's tenant (403 otherwise), and the role matrix decides. Open streams ask
 `tenant_context_current` again while they run, so a revocation also ends them.
+`/metrics` reads the header with the same `bearer_secret`, though the secret it
+compares is the scrape's own METRICS_TOKEN, not a tenant's token. Sessions are
+Django's everywhere (the page middleware, DRF's SessionAuthentication and
+Channels' AuthMiddlewareStack all read the same session).
 
 Failed tokens are counted per client address and, when the token names one, per
 account (its user), in the shared cache (Redis): past the limit the address or
