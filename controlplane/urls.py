@@ -5,7 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from controlplane import api, health, metrics, views
-from tracing import api as tracing_api
+from runs import trace_api
 
 # Swagger UI comes from its CDN and keeps a small inline <style>; its own
 # initialisation script is served as a file (the split view), so even this page
@@ -38,8 +38,7 @@ urlpatterns = [
         api.TokenRevokeApi.as_view(),
         name="api-token-revoke",
     ),
-    path("v1/traces", tracing_api.otlp_traces, name="otlp-traces"),
-    path("api/v1/", include("tracing.urls")),
+    path("v1/traces", trace_api.otlp_traces, name="otlp-traces"),
     path("api/v1/", include("runs.urls")),
     path("api/v1/", include("approvals.urls")),
     path("", include("frontend.urls")),

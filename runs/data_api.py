@@ -60,7 +60,7 @@ def _export_json(run: Run) -> dict[str, Any]:
     )
     spans = []
     for span, payloads in tracing_selectors.run_spans_with_payloads(
-        tenant=tenant, run=run
+        tenant=tenant, run_id=run.id
     ):
         body = span_event_payload(span)
         body["payload_bodies"] = {
@@ -78,7 +78,7 @@ def _export_json(run: Run) -> dict[str, Any]:
         "spans": redact(spans),
         "events": [
             event_message(event)
-            for event in tracing_selectors.run_events_after(run=run, after_seq=0)
+            for event in tracing_selectors.run_events_after(run_id=run.id, after_seq=0)
         ],
     }
 
@@ -86,7 +86,7 @@ def _export_json(run: Run) -> dict[str, Any]:
 def _export_otlp(run: Run) -> dict[str, Any]:
     rows = []
     for span, payloads in tracing_selectors.run_spans_with_payloads(
-        tenant=run.tenant, run=run
+        tenant=run.tenant, run_id=run.id
     ):
         attributes = dict(span.attributes)
         attributes.update({name: json.loads(text) for name, text in payloads.items()})

@@ -27,6 +27,16 @@ def run_list_for(
     return runs.order_by("-created_at")
 
 
+def run_for_tenant(*, tenant: Tenant, run_id: str | uuid.UUID) -> Run | None:
+    """The run alone (no steps), or None: absent, another tenant's, or not an id.
+    What the trace views and the run stream ask before reading the run's events."""
+    try:
+        key = uuid.UUID(str(run_id))
+    except ValueError:
+        return None
+    return Run.objects.filter(tenant=tenant, id=key).first()
+
+
 def run_get_for(*, tenant: Tenant, run_id: str | uuid.UUID) -> Run | None:
     """The run with its steps and tool calls, or None (absent or another tenant's)."""
     try:

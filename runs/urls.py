@@ -1,6 +1,6 @@
 from django.urls import path
 
-from runs import agents_api, api, budget_api, data_api
+from runs import agents_api, api, budget_api, data_api, trace_api
 
 urlpatterns = [
     path("agents/", agents_api.AgentListApi.as_view(), name="api-agents"),
@@ -20,6 +20,17 @@ urlpatterns = [
         data_api.RunExportOtlpApi.as_view(),
         name="api-run-export-otlp",
     ),
+    path(
+        "runs/<str:run_id>/events/",
+        trace_api.RunEventListApi.as_view(),
+        name="api-run-events",
+    ),
+    path(
+        "runs/<str:run_id>/spans/",
+        trace_api.RunSpanListApi.as_view(),
+        name="api-run-spans",
+    ),
+    path("spans/<int:span_pk>/", trace_api.SpanDetailApi.as_view(), name="api-span"),
     path("retention/", data_api.RetentionApi.as_view(), name="api-retention"),
     path("budget/", budget_api.BudgetApi.as_view(), name="api-budget"),
 ]

@@ -4,6 +4,8 @@ The client says the last seq it holds; the server joins the group first, replays
 everything after that seq from the log, then forwards live events, dropping what
 it already sent and filling any gap in seq from the log (the channel layer may
 drop messages; the log is the record). Consumers never write to the database.
+Whether a run is the caller's tenant's is the runs app's question: its
+`runs.consumers.RunStreamConsumer` answers it for the run stream.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from controlplane.authentication import (
     TooManyFailures,
     tenant_context_current,
 )
+from controlplane.models import Tenant
 from controlplane.permissions import Action, context_may
 from controlplane.tenancy import SESSION_TENANT_KEY, TenantContext, tenant_context_for
 from tracing import selectors
 from tracing.services import event_message, run_group, tenant_group
 
-__all__ = ["RunStreamConsumer", "TenantStreamConsumer"]
+__all__ = ["RunEventStreamConsumer", "TenantStreamConsumer"]
 
 logger = logging.getLogger(__name__)
 
@@ -265,31 +268,37 @@ class _StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             await self.close(code=CLOSE_BAD_MESSAGE)
 
 
-class RunStreamConsumer(_StreamConsumer):
-    """`/ws/runs/<id>/`: every event of one run, exactly once, in seq order."""
+class RunEventStreamConsumer(_StreamConsumer):
+    """Every event of one run, exactly once, in seq order; the run named by the
+    route's `run_id` and shown only if `run_in_tenant` says it is the caller's
+    tenant's (tracing holds runs by id: a subclass asks the app that owns them)."""
 
     cursor_name = "after_seq"
 
+    def run_in_tenant(self, *, tenant: Tenant, run_id: Any) -> bool:
+        """Whether the tenant holds this run (called in a database thread)."""
+        raise NotImplementedError("the runs app's consumer answers this")
+
     async def connect(self) -> None:
-        self.run: Any = None
+        self.run_id = ""
         self.last_seq: int | None = None  # None until the client says where it is
         self.pending: dict[int, dict[str, Any]] = {}
         if not await self._authorize():
             return
         assert self.context is not None
-        run_id = self.scope["url_route"]["kwargs"]["run_id"]
-        self.run = await database_sync_to_async(selectors.run_for_tenant)(
+        run_id = str(self.scope["url_route"]["kwargs"]["run_id"])
+        if not await database_sync_to_async(self.run_in_tenant)(
             tenant=self.context.tenant, run_id=run_id
-        )
-        if self.run is None:
+        ):
             await self._refuse(CLOSE_NOT_FOUND, "no such run in this tenant")
             return
+        self.run_id = run_id
         try:
             start = self._query_cursor()
         except BadMessage as exc:
             await self._refuse(CLOSE_BAD_MESSAGE, str(exc))
             return
-        await self._join(run_group(self.run.id), {"run_id": str(self.run.id)}, start)
+        await self._join(run_group(self.run_id), {"run_id": self.run_id}, start)
 
     def _position(self) -> dict[str, Any]:
         return {"last_seq": self.last_seq}
@@ -297,7 +306,7 @@ class RunStreamConsumer(_StreamConsumer):
     async def receive_json(self, content: dict[str, Any], **kwargs: Any) -> None:
         kind = content.get("type", "resume")
         if kind == "resume":
-            if "run_id" in content and str(content["run_id"]) != str(self.run.id):
+            if "run_id" in content and str(content["run_id"]) != self.run_id:
                 raise BadMessage("this stream is for one run; open another for that")
             await self._resume(_cursor(content.get("after_seq", 0), "after_seq"))
         elif kind == "ping":
@@ -326,7 +335,7 @@ class RunStreamConsumer(_StreamConsumer):
                 return
 
     def _page(self, after: int, upto: int | None) -> list[dict[str, Any]]:
-        query = selectors.run_events_after(run=self.run, after_seq=after)
+        query = selectors.run_events_after(run_id=self.run_id, after_seq=after)
         if upto is not None:
             query = query.filter(seq__lte=upto)
         return [event_message(event) for event in query[:REPLAY_PAGE]]

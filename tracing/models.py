@@ -1,11 +1,13 @@
-"""Spans of a run's trace and the run's append-only event log (DESIGN.md §3, §7)."""
+"""Spans of a run's trace and the run's append-only event log (DESIGN.md §3, §7).
+
+Runs are `runs.Run` rows named by string: tracing sits below runs and never
+imports it (the tables and their foreign keys are unchanged)."""
 
 from __future__ import annotations
 
 from django.db import models
 
 from controlplane.models import Tenant
-from runs.models import Run
 
 __all__ = ["RunEvent", "Span", "SpanPayload"]
 
@@ -23,7 +25,7 @@ class Span(models.Model):
     # Looked up by run (and parent) through the (run, parent_span_id, started_at)
     # index: indexes of their own would only be more B-trees to write per span.
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="spans", db_index=False
+        "runs.Run", on_delete=models.CASCADE, related_name="spans", db_index=False
     )
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)
@@ -85,7 +87,7 @@ class RunEvent(models.Model):
 
     # Looked up by run through the (run, seq) unique index.
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="events", db_index=False
+        "runs.Run", on_delete=models.CASCADE, related_name="events", db_index=False
     )
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=64)

@@ -1,4 +1,7 @@
-"""Reads of spans and run events, scoped to the caller's tenant."""
+"""Reads of spans and run events, scoped to the caller's tenant.
+
+Runs are named by id: whether a run is the tenant's is the runs app's question
+(`runs.selectors.run_for_tenant`), asked before these are."""
 
 from __future__ import annotations
 
@@ -7,13 +10,11 @@ from typing import Any
 from django.db.models import QuerySet
 
 from controlplane.models import Tenant
-from runs.models import Run
 from tracing.models import RunEvent, Span, SpanPayload
 from tracing.services import TENANT_EVENT_PREFIXES
 
 __all__ = [
     "run_events_after",
-    "run_for_tenant",
     "run_spans_with_payloads",
     "span_children",
     "span_for_tenant",
@@ -22,20 +23,8 @@ __all__ = [
 ]
 
 
-def run_for_tenant(*, tenant: Tenant, run_id: Any) -> Run | None:
-    return Run.objects.filter(tenant=tenant, id=run_id).first()
-
-
-def run_events_after(*, run: Run, after_seq: int) -> QuerySet[RunEvent]:
-    return RunEvent.objects.filter(run=run, seq__gt=after_seq).order_by("seq")
-
-
-def run_events_between(*, run_id: Any, after_seq: int, upto_seq: int) -> list[RunEvent]:
-    return list(
-        RunEvent.objects.filter(
-            run_id=run_id, seq__gt=after_seq, seq__lte=upto_seq
-        ).order_by("seq")
-    )
+def run_events_after(*, run_id: Any, after_seq: int) -> QuerySet[RunEvent]:
+    return RunEvent.objects.filter(run_id=run_id, seq__gt=after_seq).order_by("seq")
 
 
 def tenant_events_after(*, tenant: Tenant, after_id: int) -> QuerySet[RunEvent]:
@@ -45,9 +34,9 @@ def tenant_events_after(*, tenant: Tenant, after_id: int) -> QuerySet[RunEvent]:
     return query.filter(run__tenant=tenant, id__gt=after_id).order_by("id")
 
 
-def span_children(*, run: Run, parent_span_id: str) -> QuerySet[Span]:
+def span_children(*, run_id: Any, parent_span_id: str) -> QuerySet[Span]:
     """Spans of the run whose parent is `parent_span_id` ("" for the roots)."""
-    return Span.objects.filter(run=run, parent_span_id=parent_span_id).order_by(
+    return Span.objects.filter(run_id=run_id, parent_span_id=parent_span_id).order_by(
         "started_at", "id"
     )
 
@@ -70,12 +59,14 @@ def span_payloads(*, tenant: Tenant, span: Span) -> dict[str, Any]:
 
 
 def run_spans_with_payloads(
-    *, tenant: Tenant, run: Run
+    *, tenant: Tenant, run_id: Any
 ) -> list[tuple[Span, dict[str, str]]]:
     """Every span of the run, oldest first, with its payload bodies by attribute
     name (JSON text as stored); payloads are read in chunks of keys."""
     spans = list(
-        Span.objects.filter(run=run, run__tenant=tenant).order_by("started_at", "id")
+        Span.objects.filter(run_id=run_id, run__tenant=tenant).order_by(
+            "started_at", "id"
+        )
     )
     digests = sorted({d for span in spans for d in span.payloads.values()})
     texts: dict[str, str] = {}

@@ -5,19 +5,21 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from controlplane.rows import rows_insert
-from runs.models import Run
 from tracing.broadcast import broadcaster
 from tracing.models import RunEvent
 from tracing.redaction import redact
 
 __all__ = [
+    "RunIds",
+    "RunRef",
     "SeqConflict",
     "event_message",
     "run_event_append",
@@ -37,6 +39,25 @@ TENANT_EVENT_PREFIXES = ("run.", "approval.", "step.", "budget.")
 SPAN_EVENT_PREFIX = "span."
 
 _APPEND_ATTEMPTS = 20
+
+
+class RunRef(Protocol):
+    """What the event log needs of a run: its key and its tenant's. A `runs.Run`
+    row is one; so is `RunIds`, for a writer that holds only the ids."""
+
+    @property
+    def pk(self) -> Any: ...
+
+    @property
+    def tenant_id(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class RunIds:
+    """A run named by its ids (no query for the row)."""
+
+    pk: Any
+    tenant_id: Any
 
 
 class SeqConflict(RuntimeError):
@@ -85,7 +106,7 @@ def _remember(run_id: Any, seq: int) -> None:
     _committed_seq[run_id] = max(seq, _committed_seq.get(run_id, 0))
 
 
-def run_event_append(*, run: Run, type: str, payload: dict[str, Any]) -> RunEvent:
+def run_event_append(*, run: RunRef, type: str, payload: dict[str, Any]) -> RunEvent:
     """Append an event with the run's next seq and broadcast it once committed.
 
     The caller's transaction, if any, is kept; the broadcast waits for the
@@ -95,9 +116,17 @@ def run_event_append(*, run: Run, type: str, payload: dict[str, Any]) -> RunEven
 
 
 def run_events_append(
-    *, run: Run, events: Sequence[tuple[str, dict[str, Any]]]
+    *,
+    run: RunRef,
+    events: Sequence[tuple[str, dict[str, Any]]],
+    announce: Literal["each", "last"] = "each",
 ) -> list[RunEvent]:
     """Append events, in order, with the run's next consecutive seqs (one insert).
+    This is the run event log's one seq allocator (every writer comes here).
+
+    `announce="last"` broadcasts only the last event, for a batch that may be
+    longer than a stream's queue (an ingested trace): a stream that sees the
+    jump in seq fills the rest from the log at its client's pace.
 
     The unique (run, seq) constraint decides between concurrent writers: a seq
     already taken is skipped by the insert (no error, so no savepoint is needed
@@ -133,8 +162,9 @@ def run_events_append(
         for row, pk in zip(rows, pks, strict=True):
             row.pk = pk
         transaction.on_commit(functools.partial(_remember, run.pk, rows[-1].seq))
+        announced = rows if announce == "each" else rows[-1:]
         transaction.on_commit(
-            functools.partial(_broadcast_all, events=rows, tenant_id=run.tenant_id)
+            functools.partial(_broadcast_all, events=announced, tenant_id=run.tenant_id)
         )
         return rows
     raise SeqConflict(f"run {run.pk}: no free seq after {_APPEND_ATTEMPTS} attempts")

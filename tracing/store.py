@@ -27,10 +27,9 @@ from controlplane.rows import (
     statements_run,
 )
 from controlplane.transactions import sub_transaction
-from runs.models import Run
 from tracing.models import RunEvent, Span, SpanPayload
 from tracing.redaction import redact, redact_attributes
-from tracing.services import run_event_append, run_events_append
+from tracing.services import RunIds, run_event_append, run_events_append
 
 __all__ = [
     "PAYLOAD_KEYS",
@@ -248,11 +247,6 @@ def _worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"[:64]
 
 
-def _run_ref(run_id: Any, tenant_id: Any) -> Run:
-    # run_event_append needs only the ids; no query for the run itself.
-    return Run(id=run_id, tenant_id=tenant_id)
-
-
 @dataclass
 class SpanHandle:
     """What the start and the end of one task span share: its row, once stored,
@@ -382,7 +376,7 @@ def spans_write(spans: PreparedSpans) -> None:
                 ("span.ended", ended)
             )
         for (run_id, tenant_id), run_events in events.items():
-            run_events_append(run=_run_ref(run_id, tenant_id), events=run_events)
+            run_events_append(run=RunIds(run_id, tenant_id), events=run_events)
 
 
 def _keyed_event(pk: int, event: dict[str, Any], text: str) -> EncodedJSON:
@@ -483,7 +477,7 @@ def span_record_start(
         )
         if created:
             run_event_append(
-                run=_run_ref(run_id, tenant_id),
+                run=RunIds(run_id, tenant_id),
                 type="span.started",
                 payload=span_event_payload(span),
             )
@@ -503,7 +497,7 @@ def span_record_end(
         attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
         span = _span_end_row(run_id, record, attributes, payloads)
         run_event_append(
-            run=_run_ref(run_id, tenant_id),
+            run=RunIds(run_id, tenant_id),
             type="span.ended",
             payload=span_event_payload(span),
         )
@@ -555,9 +549,15 @@ def span_abandon(*, span: Span, reason: str) -> bool:
         if not won:
             return False
         span.refresh_from_db()
-        run = Run.objects.only("id", "tenant_id").get(id=span.run_id)
+        tenant_id = (
+            Span.objects.filter(pk=span.pk)
+            .values_list("run__tenant_id", flat=True)
+            .get()
+        )
         run_event_append(
-            run=run, type="span.abandoned", payload=span_event_payload(span)
+            run=RunIds(span.run_id, tenant_id),
+            type="span.abandoned",
+            payload=span_event_payload(span),
         )
     return True
 

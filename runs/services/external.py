@@ -3,11 +3,16 @@ control plane sends its trace to POST /v1/traces and appears as a read-only run.
 
 Such a run is terminal from the start (stop_reason `external`), holds no step
 token or lease and is never advanced, cancelled or recovered; its agent is a
-placeholder named after the sending service.
+placeholder named after the sending service. Ingest is the runs app's: it
+decides which run a trace is (refusing a native run's trace) and asks tracing
+to decode and store its spans (`tracing.ingest`).
 """
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -17,9 +22,18 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from controlplane.models import Tenant
+from controlplane.services import audit_record
 from runs.models import Agent, Run
+from tracing.ingest import OtlpSpan, time_of, trace_store
+from tracing.store import telemetry_transaction
 
-__all__ = ["EXTERNAL_STOP_REASON", "run_external_for_trace", "run_external_update"]
+__all__ = [
+    "EXTERNAL_STOP_REASON",
+    "IngestResult",
+    "ingest_spans",
+    "run_external_for_trace",
+    "run_external_update",
+]
 
 EXTERNAL_STOP_REASON = "external"
 
@@ -109,3 +123,88 @@ def _saturating_add(name: str, amount: int) -> Any:
     (a sender may repeat a trace with large counts as often as it likes)."""
     amount = max(0, min(amount, _COUNTER_MAX))
     return Least(F(name), Value(_COUNTER_MAX - amount)) + amount
+
+
+@dataclass
+class IngestResult:
+    spans: int  # stored (created or updated)
+    runs: list[str]
+    rejected: int = 0
+    # One line per refused trace, for the OTLP partial-success error_message.
+    errors: list[str] = field(default_factory=list)
+
+
+def _message_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value[:20_000]
+    return json.dumps(value, ensure_ascii=False, default=str)[:20_000]
+
+
+def _trace_ingest(tenant: Tenant, trace_id: str, spans: list[OtlpSpan]) -> Run:
+    """Store the trace's spans in the tenant's external run for it (created on
+    first sight) and fold what they say into the run's summary."""
+    first = min(spans, key=lambda s: s.start_ns)
+    run = run_external_for_trace(
+        tenant=tenant,
+        trace_id=trace_id,
+        service=first.service,
+        started_at=time_of(first.start_ns),
+    )
+    summary = trace_store(
+        tenant_id=tenant.id, run_id=run.id, trace_id=trace_id, spans=spans
+    )
+    run_external_update(
+        run=run,
+        input_tokens=summary.input_tokens,
+        output_tokens=summary.output_tokens,
+        failed=summary.failed,
+        input=_message_text(summary.input),
+        final_answer=_message_text(summary.output),
+        finished_at=summary.finished_at,
+    )
+    return run
+
+
+def ingest_spans(*, tenant: Tenant, user: Any, spans: list[OtlpSpan]) -> IngestResult:
+    """Store checked spans, one external run per trace id of `tenant`; the spans
+    of a trace that is one of the tenant's native runs are refused (counted and
+    named in the result, with an audit entry), all the others stored together.
+
+    Only the caller's own tenant's external runs are written: a trace id names
+    one run within a tenant (`Run`'s `one_run_per_trace`) and a span id one span
+    within its run, so another tenant's spans, whatever their ids, are never
+    read or written, and a native run's spans are never touched."""
+    by_trace: dict[str, dict[str, OtlpSpan]] = defaultdict(dict)
+    for span in spans:
+        by_trace[span.trace_id][span.span_id] = span  # a repeated span: the last
+
+    native = dict(
+        Run.objects.filter(tenant=tenant, trace_id__in=list(by_trace))
+        .exclude(stop_reason=EXTERNAL_STOP_REASON)
+        .values_list("trace_id", "id")
+    )
+    result = IngestResult(spans=0, runs=[])
+    with telemetry_transaction():
+        for trace_id, members in by_trace.items():
+            if trace_id in native:
+                result.rejected += len(members)
+                result.errors.append(
+                    f"trace {trace_id} is a run of this control plane; its spans "
+                    "are recorded by the control plane and not accepted over OTLP"
+                )
+                audit_record(
+                    tenant=tenant,
+                    actor=user,
+                    action="otlp.spans_rejected",
+                    object_type="run",
+                    object_id=str(native[trace_id]),
+                    after={"trace_id": trace_id, "span_ids": sorted(members)[:100],
+                           "rejected": len(members)},
+                )  # fmt: skip
+                continue
+            run = _trace_ingest(tenant, trace_id, list(members.values()))
+            result.spans += len(members)
+            result.runs.append(str(run.id))
+    return result

@@ -13,8 +13,8 @@ import pytest
 from django.test import Client
 
 from controlplane.services import api_token_issue
+from runs import trace_api as tracing_api
 from runs.models import Run
-from tracing import api as tracing_api
 from tracing.models import Span
 
 

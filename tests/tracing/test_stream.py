@@ -265,7 +265,7 @@ async def test_a_client_that_does_not_drain_is_closed_with_its_last_seq(
 ) -> None:
     from django.conf import settings
 
-    from tracing.consumers import RunStreamConsumer
+    from runs.consumers import RunStreamConsumer
 
     secret = await sync_to_async(secret_for)(admin_user, run.tenant)
     bystander = communicator(f"/ws/runs/{run.id}/?after_seq=0", secret)

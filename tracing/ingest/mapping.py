@@ -1,12 +1,16 @@
 """One vocabulary for ingested spans: OpenInference and Traceloop attribute names
-become the GenAI (gen_ai.*) ones the rest of the control plane reads."""
+become the GenAI (gen_ai.*) ones the rest of the control plane reads; what a
+trace's spans say about the whole (`TraceSummary`)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["map_attributes"]
+__all__ = ["TraceSummary", "map_attributes"]
 
 _OPENINFERENCE_OPERATIONS = {
     "LLM": "chat", "TOOL": "execute_tool", "AGENT": "invoke_agent",
@@ -101,3 +105,36 @@ def map_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
                    "traceloop.entity.output"):  # fmt: skip
         out.pop(source, None)
     return out
+
+
+@dataclass
+class TraceSummary:
+    """What a batch of a trace's spans says about the agent run it records: the
+    chat spans' token totals, the root's outcome and messages, the last end."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    failed: bool = False
+    input: Any = None  # the root's gen_ai.input.messages, if it has them
+    output: Any = None  # the root's gen_ai.output.messages
+    finished_at: dt.datetime | None = None
+
+    def add(
+        self,
+        *,
+        root: bool,
+        status: str,
+        attributes: Mapping[str, Any],
+        ended_at: dt.datetime | None,
+    ) -> None:
+        """Fold one span in (its attributes mapped and redacted)."""
+        if attributes.get("gen_ai.operation.name") == "chat":
+            # Checked whole numbers in range (tracing.ingest.otlp).
+            self.input_tokens += attributes.get("gen_ai.usage.input_tokens", 0)
+            self.output_tokens += attributes.get("gen_ai.usage.output_tokens", 0)
+        if root:
+            self.failed = self.failed or status == "error"
+            self.input = attributes.get("gen_ai.input.messages", self.input)
+            self.output = attributes.get("gen_ai.output.messages", self.output)
+        if ended_at is not None:
+            self.finished_at = max(ended_at, self.finished_at or ended_at)

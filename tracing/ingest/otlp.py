@@ -7,6 +7,7 @@ a request is stored whole or not at all."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import math
 import re
@@ -31,6 +32,7 @@ __all__ = [
     "OtlpSpan",
     "decode_body",
     "parse_request",
+    "time_of",
 ]
 
 # Attribute values (arrays, key-value lists) nest at most this deep; real
@@ -68,6 +70,15 @@ class OtlpSpan:
     attributes: dict[str, Any]
     events: list[dict[str, Any]]
     service: str
+
+
+def time_of(ns: int) -> dt.datetime:
+    """An OTLP time (nanoseconds since the epoch) as an aware datetime."""
+    # Whole microseconds from integers: a float of 10^18 ns loses them.
+    seconds, rest = divmod(ns, 1_000_000_000)
+    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC) + dt.timedelta(
+        microseconds=rest // 1000
+    )
 
 
 _KINDS = {0: "internal", 1: "internal", 2: "server", 3: "client", 4: "producer",

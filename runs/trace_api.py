@@ -1,10 +1,11 @@
-"""Tracing APIs: a run's event log and span tree (paged), one span with its
-payloads, and the OTLP/HTTP trace ingest endpoint."""
+"""Tracing APIs of runs: a run's event log and span tree (paged), one span with
+its payloads, and the OTLP/HTTP trace ingest endpoint. They live with runs
+because each asks which run (of the caller's tenant) it is about; tracing reads
+and stores the rows."""
 
 from __future__ import annotations
 
 import json
-import uuid
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -27,14 +28,10 @@ from controlplane.authentication import (
 from controlplane.permissions import Action, Gate, context_may, declares
 from controlplane.tenancy import tenant_context_for, tenant_of
 from runs.models import Run
+from runs.selectors import run_for_tenant
+from runs.services.external import ingest_spans
 from tracing import selectors
-from tracing.ingest import (
-    IngestError,
-    LimitExceeded,
-    decode_body,
-    ingest_spans,
-    parse_request,
-)
+from tracing.ingest import IngestError, LimitExceeded, decode_body, parse_request
 from tracing.redaction import redact
 from tracing.services import event_message
 from tracing.store import span_event_payload
@@ -56,11 +53,7 @@ def _bounded_int(request: Request, name: str, default: int, *, maximum: int) -> 
 
 
 def _run_of(request: Request, run_id: str) -> Run:
-    try:
-        parsed = uuid.UUID(run_id)
-    except ValueError:
-        raise NotFound("No such run.") from None
-    run = selectors.run_for_tenant(tenant=tenant_of(request).tenant, run_id=parsed)
+    run = run_for_tenant(tenant=tenant_of(request).tenant, run_id=run_id)
     if run is None:
         raise NotFound("No such run.")
     return run
@@ -85,7 +78,9 @@ class RunEventListApi(APIView):
         limit = _bounded_int(request, "limit", 200, maximum=MAX_PAGE) or 1
         events = [
             event_message(event)
-            for event in selectors.run_events_after(run=run, after_seq=after)[:limit]
+            for event in selectors.run_events_after(run_id=run.id, after_seq=after)[
+                :limit
+            ]
         ]
         return Response(
             {
@@ -114,7 +109,7 @@ class RunSpanListApi(APIView):
             raise ValidationError({"parent": ["a span_id is 16 hex digits"]})
         limit = _bounded_int(request, "limit", 100, maximum=MAX_PAGE) or 1
         offset = _bounded_int(request, "offset", 0, maximum=2**31)
-        query = selectors.span_children(run=run, parent_span_id=parent)
+        query = selectors.span_children(run_id=run.id, parent_span_id=parent)
         count = query.count()
         # Stored redacted; redacted again on the way out, for rows stored before
         # the rule caught what they hold.
