@@ -1,16 +1,14 @@
-"""Writes of spans: a row at start, the same row completed at end, payloads stored
-once, and a RunEvent for each so the live stream and its replay see them."""
+"""Span rows: a row at start, the same row completed at end (its payloads stored
+once, see `tracing.payloads`), and a RunEvent for each so the live stream and its
+replay see them."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
 import os
 import socket
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,17 +25,15 @@ from controlplane.rows import (
     statements_run,
 )
 from controlplane.transactions import sub_transaction
-from tracing.models import RunEvent, Span, SpanPayload
-from tracing.redaction import redact, redact_attributes
+from tracing.models import Span, SpanPayload
+from tracing.payloads import PayloadMemo, payloads_split
+from tracing.redaction import redact
 from tracing.services import RunIds, run_event_append, run_events_append
 
 __all__ = [
-    "PAYLOAD_KEYS",
     "SpanHandle",
     "SpanRecord",
     "SpanWrite",
-    "payload_encode",
-    "payload_store",
     "span_abandon",
     "span_event_payload",
     "span_record_end",
@@ -46,20 +42,6 @@ __all__ = [
     "spans_store",
     "spans_write",
 ]
-
-# Attributes that carry model input/output and tool arguments/results: stored as
-# payloads (once, by hash, not truncated below TRACING_PAYLOAD_MAX_BYTES) and
-# referenced from the span, so span rows and stream events stay small.
-PAYLOAD_KEYS = frozenset(
-    {
-        "gen_ai.input.messages",
-        "gen_ai.output.messages",
-        "gen_ai.system_instructions",
-        "gen_ai.tool.call.arguments",
-        "gen_ai.tool.call.result",
-        "gen_ai.tool.definitions",
-    }
-)
 
 
 @dataclass
@@ -77,144 +59,6 @@ class SpanRecord:
     status: str = Span.Status.RUNNING
     status_message: str = ""
     events: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (tuple, set, frozenset)):
-        return list(value)
-    return str(value)
-
-
-def payload_encode(value: Any) -> tuple[str, str, int]:
-    """Redact and serialise a payload: (sha256, JSON text, size in bytes).
-
-    Kept whole up to TRACING_PAYLOAD_MAX_BYTES (at least 1 MB); a larger one is
-    stored as its head with a note of its full size.
-    """
-    sent = value
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError, RecursionError):
-            value = json.loads(value)
-    try:
-        text = json.dumps(redact(value), ensure_ascii=False, default=_json_default)
-    except RecursionError:
-        # A JSON text nested deeper than redaction walks (an ingested attribute
-        # may be anything): kept as the text it was, redacted as text.
-        text = json.dumps(redact(str(sent)), ensure_ascii=False)
-    return _payload_of(text)
-
-
-def _payload_of(text: str) -> tuple[str, str, int]:
-    limit = settings.TRACING_PAYLOAD_MAX_BYTES
-    encoded = text.encode()
-    if len(encoded) > limit:
-        head = encoded[:limit].decode("utf-8", "ignore")
-        text = json.dumps({"truncated": True, "size_bytes": len(encoded), "head": head})
-        encoded = text.encode()
-    return hashlib.sha256(encoded).hexdigest(), text, len(encoded)
-
-
-def payload_store(*, tenant_id: Any, value: Any) -> str:
-    """Store a (redacted) payload once per tenant; return its sha256."""
-    digest, text, size = payload_encode(value)
-    SpanPayload.objects.bulk_create(
-        [SpanPayload(tenant_id=tenant_id, sha256=digest, size=size, content=text)],
-        ignore_conflicts=True,
-    )
-    return digest
-
-
-_encoded: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
-_ENCODED_LIMIT = 64
-_encoded_lock = threading.Lock()
-
-
-def _payload_encode_cached(value: Any) -> tuple[str, str, int]:
-    """payload_encode, remembered for recent JSON texts: every chat span of a run
-    carries the same tool definitions, and its messages are the last call's
-    plus a few (only those are parsed and redacted, see `_array_extended`)."""
-    if not isinstance(value, str):
-        return payload_encode(value)
-    with _encoded_lock:
-        known = _encoded.get(value)
-        if known is not None:
-            _encoded.move_to_end(value)
-            return known
-        recent = list(_encoded.items()) if value.startswith("[") else []
-    encoded = _array_extended(value, recent) or payload_encode(value)
-    with _encoded_lock:
-        _encoded[value] = encoded
-        if len(_encoded) > _ENCODED_LIMIT:
-            _encoded.popitem(last=False)
-    return encoded
-
-
-def _array_extended(
-    value: str, recent: list[tuple[str, tuple[str, str, int]]]
-) -> tuple[str, str, int] | None:
-    """The encoding of the JSON array `value` from the longest recent one it
-    extends: the same text up to its last element, then more elements.
-    Redaction works element by element, so only the new elements are parsed
-    and redacted."""
-    extended = [
-        (raw, text)
-        for raw, (_, text, _) in recent
-        if 2 < len(raw) < len(value)
-        and value[len(raw) - 1] == ","  # cheap: most of the recent fail here
-        and raw.endswith("]")
-        and text.startswith("[")  # not a truncated head
-        and value.startswith(raw[:-1])
-    ]
-    if not extended:
-        return None
-    raw, text = max(extended, key=lambda found: len(found[0]))
-    try:
-        more = json.loads("[" + value[len(raw) :])
-    except ValueError:
-        return None
-    if not isinstance(more, list) or not more:
-        return None
-    tail = json.dumps(redact(more), ensure_ascii=False, default=_json_default)
-    return _payload_of(text[:-1] + ", " + tail[1:])
-
-
-# Payload digests by (span, attribute) with the raw value they were computed
-# from: a span's end repeats its start's attributes, identical objects.
-PayloadMemo = dict[str, tuple[Any, str]]
-
-
-def _split_payloads(
-    tenant_id: Any,
-    raw: Mapping[str, Any],
-    memo: PayloadMemo | None = None,
-    pending: dict[tuple[Any, str], SpanPayload] | None = None,
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """Plain (redacted) attributes and payload digests. Payload rows are stored
-    now, or added to `pending` for the caller to store in one insert."""
-    plain: dict[str, Any] = {}
-    payloads: dict[str, str] = {}
-    for key, value in raw.items():
-        if key in PAYLOAD_KEYS:
-            known = memo.get(key) if memo is not None else None
-            if known is not None and known[0] is value:
-                payloads[key] = known[1]
-                continue
-            if pending is None:
-                payloads[key] = payload_store(tenant_id=tenant_id, value=value)
-            else:
-                digest, text, size = _payload_encode_cached(value)
-                pending.setdefault(
-                    (tenant_id, digest),
-                    SpanPayload(
-                        tenant_id=tenant_id, sha256=digest, size=size, content=text
-                    ),
-                )
-                payloads[key] = digest
-            if memo is not None:
-                memo[key] = (value, payloads[key])
-        else:
-            plain[key] = list(value) if isinstance(value, tuple) else value
-    return redact_attributes(plain), payloads
 
 
 def span_event_payload(span: Span) -> dict[str, Any]:
@@ -303,7 +147,7 @@ def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
         # results): its own are not split.
         (write, {}, {})
         if not write.ended and write.handle.pk is None and id(write.handle) in ended
-        else (write, *_split_payloads(
+        else (write, *payloads_split(
             write.tenant_id, write.record.attributes, write.handle.memo, pending
         ))
         for write in writes
@@ -459,7 +303,7 @@ def span_record_start(
     """Store a long-lived span's start (once: started again with the same ids, as a
     long wait ending in another process, it keeps its row) and log `span.started`."""
     with telemetry_transaction():  # payloads, span and event in one commit
-        attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
+        attributes, payloads = payloads_split(tenant_id, record.attributes, memo)
         # Looked up in its run: span ids are unique per run (and so per tenant),
         # another tenant may hold the same ids.
         span, created = Span.objects.get_or_create(
@@ -494,7 +338,7 @@ def span_record_end(
     """Complete (or create, for a span we never saw start) the span's row and log
     `span.ended`; a long-lived span started again merges into the row it had."""
     with telemetry_transaction():  # payloads, span and event in one commit
-        attributes, payloads = _split_payloads(tenant_id, record.attributes, memo)
+        attributes, payloads = payloads_split(tenant_id, record.attributes, memo)
         span = _span_end_row(run_id, record, attributes, payloads)
         run_event_append(
             run=RunIds(run_id, tenant_id),
@@ -560,14 +404,6 @@ def span_abandon(*, span: Span, reason: str) -> bool:
             payload=span_event_payload(span),
         )
     return True
-
-
-def events_after(*, run_id: Any, after_seq: int, limit: int) -> list[RunEvent]:
-    return list(
-        RunEvent.objects.filter(run_id=run_id, seq__gt=after_seq).order_by("seq")[
-            :limit
-        ]
-    )
 
 
 def spans_abandon_expired() -> int:

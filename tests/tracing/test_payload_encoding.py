@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tracing import store
+from tracing import payloads as store
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,10 @@ from typing import Any
 from tracing.ingest.mapping import TraceSummary
 from tracing.ingest.otlp import OtlpSpan, time_of
 from tracing.models import Span, SpanPayload
+from tracing.payloads import PAYLOAD_KEYS, payload_encode
 from tracing.redaction import redact, redact_attributes
 from tracing.services import RunIds, run_events_append
-from tracing.store import PAYLOAD_KEYS, payload_encode, span_event_payload
+from tracing.store import span_event_payload
 
 __all__ = ["trace_store"]
 
