@@ -34,13 +34,6 @@ KNOWN_VIOLATIONS = frozenset(
         "controlplane/rows.py -> over 450 lines",
         "runs/services/advance.py -> approvals.services",
         "runs/services/lifecycle.py -> approvals.services",
-        "tracing/api.py -> runs.models",
-        "tracing/ingest/storing.py -> runs.models",
-        "tracing/ingest/storing.py -> runs.services.external",
-        "tracing/models.py -> runs.models",
-        "tracing/selectors.py -> runs.models",
-        "tracing/services.py -> runs.models",
-        "tracing/store.py -> runs.models",
     }
 )
 
