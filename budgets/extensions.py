@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Any, Protocol
 
+from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
-from budgets.ledger import BudgetRefusal, bucket_start, budget_grant_add, budget_of
+from budgets.ledger import BudgetRefusal, bucket_start
 from budgets.models import Budget, BudgetGrant
+from budgets.selectors import budget_of
 from budgets.services import EXTENDABLE_PERIOD_DIMENSIONS, INTEGER_STEPS
 from controlplane.models import Membership, Role
 from controlplane.permissions import Action, role_may
@@ -208,6 +211,30 @@ def _refused_cap(
             Decimal(estimated_input_tokens),
         )
     return "max_cost", usage.cost, call_cost
+
+
+def budget_grant_add(
+    *,
+    tenant_id: Any,
+    run_id: Any,
+    period: str,
+    bucket_start: dt.datetime,
+    dimension: str,
+    amount: Decimal,
+) -> BudgetGrant:
+    """Extend the run's grant on one period dimension of one bucket by `amount`."""
+    with transaction.atomic():
+        grant, created = BudgetGrant.objects.select_for_update().get_or_create(
+            run_id=run_id,
+            period=period,
+            bucket_start=bucket_start,
+            dimension=dimension,
+            defaults={"tenant_id": tenant_id, "amount": amount},
+        )
+        if not created:
+            BudgetGrant.objects.filter(id=grant.id).update(amount=F("amount") + amount)
+            grant.refresh_from_db()
+    return grant
 
 
 def budget_grant_create(*, run: RunRef, ask: dict[str, Any]) -> BudgetGrant:

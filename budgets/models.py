@@ -51,7 +51,6 @@ class Budget(models.Model):
     # The step of an extension per period dimension or run cap ("cost": "5",
     # "max_steps": 10); a missing one extends by the current limit again.
     extend_by = models.JSONField(default=dict, blank=True)
-    version = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -62,14 +61,11 @@ class Budget(models.Model):
 
 
 class BudgetCounter(models.Model):
-    """Use and reservations of one tenant in one period bucket, in slots.
+    """Use and reservations of one tenant in one period bucket.
 
-    Calendar mode has one bucket per day and per month, each split into slots
-    (escrow): a slot holds a share of the limit (`quota_*`), so concurrent
-    writers reserve on different rows; the shares always sum to the limit and
-    are moved between slots under lock when one runs short (budgets/ledger.py).
-    Rolling mode has hour buckets (summed over 24 hours) and day buckets (summed
-    over 30 days), one slot each, checked against the limit under the budget lock.
+    Calendar mode has one bucket per UTC day and per UTC month; rolling mode has
+    hour buckets (summed over 24 hours) and day buckets (summed over 30 days).
+    Reservations check them under the budget row's lock (budgets/ledger.py).
     """
 
     tenant = models.ForeignKey(
@@ -77,7 +73,6 @@ class BudgetCounter(models.Model):
     )
     period = models.CharField(max_length=8)  # day | month
     bucket_start = models.DateTimeField()
-    slot = models.PositiveSmallIntegerField(default=0)
     used_input_tokens = models.BigIntegerField(default=0)
     reserved_input_tokens = models.BigIntegerField(default=0)
     used_output_tokens = models.BigIntegerField(default=0)
@@ -88,32 +83,18 @@ class BudgetCounter(models.Model):
     )
     used_runs = models.BigIntegerField(default=0)
     reserved_runs = models.BigIntegerField(default=0)
-    # The slot's share of the limit (calendar mode); NULL: no limit. It may lie
-    # below used + reserved (after a limit was lowered): the slot then refuses.
-    quota_input_tokens = models.BigIntegerField(null=True, blank=True)
-    quota_output_tokens = models.BigIntegerField(null=True, blank=True)
-    quota_cost = models.DecimalField(
-        max_digits=18, decimal_places=6, null=True, blank=True
-    )
-    quota_runs = models.BigIntegerField(null=True, blank=True)
-    # Budget.version the quotas were computed from; a writer holding another
-    # version takes the locked path, which recomputes them.
-    limits_version = models.PositiveIntegerField(default=0)
 
     class Meta:
         db_table = "controlplane_budgetcounter"
         constraints = [
             models.UniqueConstraint(
-                fields=["tenant", "period", "bucket_start", "slot"],
-                name="one_budget_counter_per_bucket_slot",
+                fields=["tenant", "period", "bucket_start"],
+                name="one_budget_counter_per_bucket",
             )
         ]
 
     def __str__(self) -> str:
-        return (
-            f"{self.tenant} {self.period} {self.bucket_start:%Y-%m-%d %H:%M}"
-            f" #{self.slot}"
-        )
+        return f"{self.tenant} {self.period} {self.bucket_start:%Y-%m-%d %H:%M}"
 
 
 def time_ordered_uuid() -> uuid.UUID:

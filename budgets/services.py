@@ -14,13 +14,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from budgets.ledger import (
-    BudgetRefusal,
-    budget_of,
-    budget_slots_sync,
-    window_usage,
-)
+from budgets.ledger import BudgetRefusal
 from budgets.models import PERIOD_DIMENSIONS, PERIODS, Budget
+from budgets.selectors import budget_of, window_usage
 from controlplane.models import Tenant
 from controlplane.services import audit_record
 from runs.engine.budget import BudgetLimits
@@ -262,9 +258,7 @@ def budget_update(
     before = budget_as_dict(budget)
     for name, value in clean.items():
         setattr(budget, name, value)
-    budget.version += 1
     budget.save()
-    budget_slots_sync(budget=budget)  # re-divide the current buckets' limits
     audit_record(
         tenant=tenant,
         actor=actor,

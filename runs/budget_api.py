@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from budgets.ledger import budget_of
+from budgets.selectors import budget_of
 from budgets.services import BudgetInputError, budget_as_dict
 from controlplane.models import Tenant
 from controlplane.permissions import Action, Gate

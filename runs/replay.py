@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from budgets.ledger import budget_of
+from budgets.selectors import budget_of
 from runs.engine.adapters.scripted import ScriptedModel
 from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.loop import ApprovalResolution, run_in_process

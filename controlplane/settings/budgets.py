@@ -1,8 +1,6 @@
-"""Budgets: default prices and the ledger's statements."""
+"""Budgets: default prices."""
 
 from __future__ import annotations
-
-from controlplane.environment import env
 
 # Budgets (docs/budgets.md): prices per million tokens as (input, cached input,
 # output) for models with no row in the price table. A model in neither is
@@ -17,11 +15,3 @@ BUDGET_DEFAULT_PRICES: dict[str, tuple[str, str, str]] = {
     "claude-sonnet-4": ("3.00", "0.30", "15.00"),
     "claude-3-5-haiku": ("0.80", "0.08", "4.00"),
 }
-# The ledger's reservation and settlement statements are prepared once per
-# connection on PostgreSQL (no parse and plan per call); turn it off behind a pooler
-# that cannot keep prepared statements (PgBouncer in transaction mode before 1.21).
-BUDGET_PREPARED_STATEMENTS = env.boolean(
-    "BUDGET_PREPARED_STATEMENTS",
-    True,
-    help="Prepare the budget ledger's hot statements on PostgreSQL connections.",
-)

@@ -16,12 +16,12 @@ from django.db.models import Q
 from budgets.ledger import (
     Amounts,
     BudgetRefusal,
-    budget_of,
     budget_release_for_run,
     budget_reserve,
     budget_settle,
 )
 from budgets.models import Budget, BudgetLedgerEntry
+from budgets.selectors import budget_of
 from budgets.services import budget_update
 from controlplane.models import Tenant
 from runs.engine.stop import BUDGET_STOP_REASONS, StopReason

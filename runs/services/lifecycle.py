@@ -14,9 +14,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from budgets.ledger import budget_release_for_run, budget_select
+from budgets.ledger import budget_release_for_run
 from budgets.models import Budget
 from budgets.prices import PriceLookup, model_price_of, model_price_select
+from budgets.selectors import budget_select
 from budgets.services import tenant_run_ceiling
 from controlplane import metrics
 from controlplane.models import Tenant

@@ -16,11 +16,11 @@ from budgets.extensions import ExtensionAsk, limits_with_extensions
 from budgets.ledger import (
     Amounts,
     BudgetRefusal,
-    budget_of,
     budget_reserve,
     budget_settle,
 )
 from budgets.models import PERIODS, Budget, BudgetLedgerEntry
+from budgets.selectors import budget_of
 from budgets.services import UNKNOWN_PRICE
 from controlplane import metrics
 from runs.engine.actions import ModelReply

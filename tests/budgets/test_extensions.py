@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from approvals.services import approvals_expire
-from budgets.ledger import window_totals
 from budgets.models import BudgetGrant, BudgetLedgerEntry
+from budgets.selectors import window_totals
 from controlplane.models import AuditEvent
 from runs.models import Run, Step, ToolCall
 from runs.services import run_start

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import threading
 import uuid
 from decimal import Decimal
 
 import pytest
-from django.db import close_old_connections, connection, transaction
+from django.db import close_old_connections, connection
 
 from budgets.ledger import (
     Amounts,
@@ -18,9 +17,9 @@ from budgets.ledger import (
     budget_release_for_run,
     budget_reserve,
     budget_settle,
-    window_totals,
 )
 from budgets.models import BudgetCounter, BudgetLedgerEntry
+from budgets.selectors import window_totals
 from tests.budgets.conftest import counter_sums
 
 NOON = dt.datetime(2026, 3, 14, 12, 30, tzinfo=dt.UTC)
@@ -264,51 +263,6 @@ def test_a_bucket_deleted_behind_the_cache_is_created_again(tenant, make_budget,
     assert isinstance(entry, BudgetLedgerEntry)
     sums = [counter_sums(period).reserved_runs for period in ("day", "month")]
     assert sums == [1, 1]
-
-
-def _no_orm_path(*args: object, **kwargs: object) -> None:
-    raise AssertionError("the rolling reservation took the ORM path")
-
-
-@pytest.mark.parametrize(
-    "in_transaction, pipeline", [(False, True), (True, True), (False, False)]
-)
-@pytest.mark.django_db(transaction=True)
-def test_rolling_reservation_that_fits_takes_the_pipelined_path(
-    tenant, make_budget, monkeypatch, in_transaction, pipeline
-):
-    """On PostgreSQL a rolling reservation that fits never needs the ORM path
-    (with libpq's pipeline or without); one that does not fit changes nothing
-    and names its dimension."""
-    import psycopg
-
-    from budgets import ledger as budget_ledger
-
-    budget = make_budget(
-        tenant, period_mode="rolling", period_limits={"day": {"input_tokens": 100}}
-    )
-    if connection.vendor == "postgresql":
-        monkeypatch.setattr(budget_ledger, "_reserve_rolling", _no_orm_path)
-        monkeypatch.setattr(psycopg.Pipeline, "is_supported", lambda: pipeline)
-    with transaction.atomic() if in_transaction else contextlib.nullcontext():
-        entry = budget_reserve(
-            budget=budget, run_id=uuid.uuid4(), kind="model_call",
-            amounts=Amounts(input_tokens=60),
-        )  # fmt: skip
-    assert isinstance(entry, BudgetLedgerEntry)
-    assert BudgetLedgerEntry.objects.get(id=entry.id).status == "reserved"
-    assert counter_sums("day").reserved_input_tokens == 60
-    assert counter_sums("month").reserved_input_tokens == 60
-    monkeypatch.undo()
-    refused = budget_reserve(
-        budget=budget, run_id=uuid.uuid4(), kind="model_call",
-        amounts=Amounts(input_tokens=60),
-    )  # fmt: skip
-    assert isinstance(refused, BudgetRefusal)
-    assert refused.dimension == "tenant_input_tokens_per_day"
-    assert BudgetLedgerEntry.objects.count() == 1
-    assert counter_sums("day").reserved_input_tokens == 60
-    assert counter_sums("month").reserved_input_tokens == 60
 
 
 @pytest.mark.django_db(transaction=True)

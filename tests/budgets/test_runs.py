@@ -9,8 +9,8 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from budgets.ledger import window_totals
 from budgets.models import BudgetLedgerEntry
+from budgets.selectors import window_totals
 from runs.models import Run, Step, ToolCall
 from runs.services import recover_stalled_runs, run_advance, run_cancel, run_start
 from runs.services.admission import budget_update_and_admit as budget_update

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
-from budgets.ledger import window_totals
 from budgets.models import BudgetGrant, BudgetLedgerEntry
+from budgets.selectors import window_totals
 from runs.models import Run, Step
 from runs.services import run_start
 from tests.conftest import start_worker
