@@ -1,4 +1,8 @@
-"""Approval policies per tenant, approval requests and the decisions on them."""
+"""Approval policies per tenant, approval requests and the decisions on them.
+
+Approvals sit below `runs`: a request names its run and tool call by string
+foreign key, and `runs` (which asks, and resumes after a decision) imports this.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,11 @@ from django.conf import settings
 from django.db import models
 
 from controlplane.models import Tenant
-from runs.models import Run, ToolCall
+from controlplane.permissions import Action, roles_that_may
 
-DEFAULT_APPROVER_ROLES = ["admin", "operator"]
+# Who decides when a rule names nobody else: every role the permission matrix lets
+# decide approvals (admin, operator).
+DEFAULT_APPROVER_ROLES = list(roles_that_may(Action.APPROVAL_DECIDE))
 
 
 def default_approver_roles() -> list[str]:
@@ -89,10 +95,12 @@ class ApprovalRequest(models.Model):
     tenant = models.ForeignKey(
         Tenant, on_delete=models.CASCADE, related_name="approvals"
     )
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, related_name="approvals"
+    )
     kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.TOOL_CALL)
     tool_call = models.OneToOneField(
-        ToolCall,
+        "runs.ToolCall",
         on_delete=models.CASCADE,
         related_name="approval",
         null=True,  # a budget extension gates no tool call

@@ -1,11 +1,12 @@
-"""The tenant's approval policy as the engine's policy hook.
+"""The tenant's approval rules: how one matches a call, and the checks it gets
+when it is saved.
 
 Rules are data, never code: a glob on the tool name, the tool's effect, its source
 and conditions on arguments in a small structured language
-(`{"arg": "amount", "op": ">", "value": 100}`), evaluated without `eval`. The
-first matching rule decides; without a match the defaults apply (read-only tools
-from trusted sources run, everything else waits for a human). Nobody who may
-decide → deny. Anything that raises here is a deny (the engine's `decide_policy`).
+(`{"arg": "amount", "op": ">", "value": 100}`), evaluated without `eval`. The hook
+that applies them to a run's call (first match decides, the defaults, grants for
+the whole run, nobody who may decide → deny) is runs/services/policy.py: it reads
+the run, which this app never imports.
 """
 
 from __future__ import annotations
@@ -15,25 +16,19 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from django.conf import settings
-
-from approvals.models import (
-    DEFAULT_APPROVER_ROLES,
-    ApprovalPolicyRule,
-    ApprovalRequest,
-)
+from approvals.models import ApprovalPolicyRule
 from controlplane.models import Membership
+from controlplane.permissions import Action, roles_that_may
 from controlplane.rows import Select, instances_select
 from runs.engine.contracts import Effect, ToolContract
-from runs.engine.policy import PolicyAction, PolicyContext, PolicyDecision
-from runs.models import Run
 
 RULE_PREFIX = "tenant_rule:"
 # `PolicyContext.attributes` key: the tenant's rules, if the host read them
 # already (with other reads before the call, in one round trip).
 RULES_READ = "cp.policy_rules"
 GLOB_PATTERN = re.compile(r"^[A-Za-z0-9_*?\[\]!-]{1,64}$")
-APPROVER_ROLE_CHOICES = ("admin", "operator")
+# The roles a rule may name as approvers: those the permission matrix lets decide.
+APPROVER_ROLE_CHOICES = roles_that_may(Action.APPROVAL_DECIDE)
 
 
 class PolicyEvaluationError(Exception):
@@ -104,85 +99,6 @@ def eligible_approvers(
     return members.count()
 
 
-def _approver_available(
-    context: PolicyContext, roles: list[str], required: int, starter_may: bool
-) -> bool:
-    if not context.approver_available:  # headless: the host says nobody is there
-        return False
-    starter_id = None
-    if not starter_may:
-        starter_id = (
-            Run.objects.filter(id=context.run_id)
-            .values_list("started_by_id", flat=True)
-            .first()
-        )
-    available = eligible_approvers(
-        tenant_id=context.tenant_id, roles=roles, exclude_user_id=starter_id
-    )
-    return available >= required
-
-
-def _run_scope_grant(
-    context: PolicyContext, contract: ToolContract, rule: str
-) -> ApprovalRequest | None:
-    """An earlier `scope: run` approval of this tool under this rule in this run,
-    whose approvers still hold a role that may approve."""
-    from approvals.services import approvers_still_allowed_problem
-
-    grants = ApprovalRequest.objects.filter(
-        run_id=context.run_id,
-        tool_name=contract.name,
-        rule=rule,
-        scope=ApprovalRequest.Scope.RUN,
-        status=ApprovalRequest.Status.APPROVED,
-    ).order_by("decided_at")
-    for grant in grants:
-        if approvers_still_allowed_problem(grant) is None:
-            return grant
-    return None
-
-
-def tenant_policy(
-    contract: ToolContract, arguments: Mapping[str, Any], context: PolicyContext
-) -> PolicyDecision:
-    """The engine's policy hook (settings.RUN_POLICY_HOOK)."""
-    rules = context.attributes.get(RULES_READ)
-    if rules is None:
-        rules = policy_rules_select(context.tenant_id).run()
-    for rule in rules:
-        if not rule_matches(rule, contract, arguments):
-            continue
-        name = f"{RULE_PREFIX}{rule.id}"
-        if rule.action == ApprovalPolicyRule.Action.ALLOW:
-            return PolicyDecision(PolicyAction.ALLOW, name, f"allowed by {rule.name}")
-        if rule.action == ApprovalPolicyRule.Action.DENY:
-            return PolicyDecision(PolicyAction.DENY, name, f"denied by {rule.name}")
-        grant = _run_scope_grant(context, contract, name)
-        if grant is not None:
-            return PolicyDecision(
-                PolicyAction.ALLOW,
-                name,
-                f"approved for the whole run by approval {grant.id} ({rule.name})",
-            )
-        if not _approver_available(
-            context, rule.approver_roles, rule.approvals_required,
-            rule.starter_may_approve,
-        ):  # fmt: skip
-            return PolicyDecision(
-                PolicyAction.DENY,
-                name,
-                f"{rule.name} needs {rule.approvals_required} approver(s) with "
-                f"role {' or '.join(rule.approver_roles)} and this tenant has none",
-            )
-        return PolicyDecision(
-            PolicyAction.REQUIRE_APPROVAL,
-            name,
-            f"{contract.name} needs approval under rule {rule.name}",
-            ttl_seconds=rule.ttl_seconds or settings.APPROVAL_DEFAULT_TTL_SECONDS,
-        )
-    return _default_decision(contract, context)
-
-
 def policy_rules_select(tenant_id: Any) -> Select:
     """The tenant's rules in the order they apply, to run with other reads; pass
     what it found as `PolicyContext.attributes[RULES_READ]`."""
@@ -191,44 +107,15 @@ def policy_rules_select(tenant_id: Any) -> Select:
     )
 
 
-def _default_decision(contract: ToolContract, context: PolicyContext) -> PolicyDecision:
-    if contract.is_read_only:
-        return PolicyDecision(
-            PolicyAction.ALLOW,
-            "default.read_only",
-            "read-only tool from a trusted source",
-        )
-    grant = _run_scope_grant(context, contract, "default.side_effect")
-    if grant is not None:
-        return PolicyDecision(
-            PolicyAction.ALLOW,
-            "default.side_effect",
-            f"approved for the whole run by approval {grant.id}",
-        )
-    if not _approver_available(context, list(DEFAULT_APPROVER_ROLES), 1, True):
-        return PolicyDecision(
-            PolicyAction.DENY,
-            "default.no_approver",
-            f"{contract.name} has side effects and nobody in this tenant may "
-            "approve it",
-        )
-    claim = "" if contract.trusted else " (untrusted source: its claims are ignored)"
-    return PolicyDecision(
-        PolicyAction.REQUIRE_APPROVAL,
-        "default.side_effect",
-        f"{contract.name} has effect {contract.effective_effect}{claim} and needs "
-        "approval",
-        ttl_seconds=settings.APPROVAL_DEFAULT_TTL_SECONDS,
-    )
+def rule_of(decision: Mapping[str, Any]) -> ApprovalPolicyRule | None:
+    """The tenant rule a policy decision names, if it names one that still exists."""
+    name = str(decision.get("rule", ""))
+    if not name.startswith(RULE_PREFIX):
+        return None
+    return ApprovalPolicyRule.objects.filter(id=name[len(RULE_PREFIX) :]).first()
 
 
 # --- validation of rules at save time -------------------------------------------
-
-
-def _known_tools() -> dict[str, ToolContract]:
-    from runs.tools.registry import BUILTIN_TOOLS
-
-    return {name: tool.contract for name, tool in BUILTIN_TOOLS.items()}
 
 
 def glob_problem(glob: str) -> str | None:
@@ -249,15 +136,18 @@ def glob_problem(glob: str) -> str | None:
     return None
 
 
-def conditions_problems(tool_glob: str, conditions: Any) -> list[str]:
-    """Why these conditions are unusable for the tools the glob matches, if so."""
+def conditions_problems(
+    tool_glob: str, conditions: Any, known_tools: Mapping[str, ToolContract]
+) -> list[str]:
+    """Why these conditions are unusable for the tools the glob matches, if so
+    (`known_tools`: the contracts rules are written against, from runs)."""
     if not isinstance(conditions, list):
         return ["conditions must be a list of {arg, op, value} objects"]
     if not conditions:
         return []
     tools = {
         name: contract
-        for name, contract in _known_tools().items()
+        for name, contract in known_tools.items()
         if fnmatch.fnmatchcase(name, tool_glob)
     }
     if not tools:

@@ -1,7 +1,12 @@
-"""Writes for a tenant's approval policy: rules and settings, validated and audited."""
+"""Writes for a tenant's approval policy: rules and settings, validated and audited.
+
+A rule's conditions are checked against the tools it can match; runs owns the tool
+registry and passes their contracts in (`known_tools`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -17,6 +22,7 @@ from approvals.policy import (
 )
 from controlplane.models import Tenant
 from controlplane.services import audit_record
+from runs.engine.contracts import ToolContract
 
 RULE_FIELDS = {
     "position",
@@ -52,7 +58,10 @@ def _int(value: Any, low: int, high: int) -> str | None:
 
 
 def rule_validate(
-    data: Any, *, partial_of: ApprovalPolicyRule | None = None
+    data: Any,
+    *,
+    known_tools: Mapping[str, ToolContract],
+    partial_of: ApprovalPolicyRule | None = None,
 ) -> dict[str, Any]:
     """The rule's fields, checked; RuleInputError names every problem."""
     if not isinstance(data, dict):
@@ -94,7 +103,7 @@ def rule_validate(
         )
     rule.setdefault("conditions", [])
     if "tool" not in problems:
-        for why in conditions_problems(rule["tool"], rule["conditions"]):
+        for why in conditions_problems(rule["tool"], rule["conditions"], known_tools):
             problem("conditions", why)
     rule.setdefault("position", 0)
     if (why := _int(rule["position"], 0, 1_000_000)) is not None:
@@ -134,9 +143,14 @@ def rule_view(rule: ApprovalPolicyRule) -> dict[str, Any]:
 
 @transaction.atomic
 def approval_rule_create(
-    *, tenant: Tenant, actor: User, data: Any, remote_addr: str | None = None
+    *,
+    tenant: Tenant,
+    actor: User,
+    data: Any,
+    known_tools: Mapping[str, ToolContract],
+    remote_addr: str | None = None,
 ) -> ApprovalPolicyRule:
-    fields = rule_validate(data)
+    fields = rule_validate(data, known_tools=known_tools)
     rule = ApprovalPolicyRule.objects.create(tenant=tenant, **fields)
     audit_record(
         tenant=tenant, actor=actor, action="approval_rule.create",
@@ -148,11 +162,16 @@ def approval_rule_create(
 
 @transaction.atomic
 def approval_rule_update(
-    *, rule: ApprovalPolicyRule, actor: User, data: Any, remote_addr: str | None = None
+    *,
+    rule: ApprovalPolicyRule,
+    actor: User,
+    data: Any,
+    known_tools: Mapping[str, ToolContract],
+    remote_addr: str | None = None,
 ) -> ApprovalPolicyRule:
     """Change some fields of a rule (the others stay)."""
     before = rule_view(rule)
-    fields = rule_validate(data, partial_of=rule)
+    fields = rule_validate(data, known_tools=known_tools, partial_of=rule)
     for name, value in fields.items():
         setattr(rule, name, value)
     rule.save()

@@ -1,13 +1,14 @@
-"""Reads for approvals, rules and the audit log; every one is tenant-scoped."""
+"""Reads for approvals and rules; the API's are tenant-scoped."""
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 
 from django.db.models import QuerySet
 
 from approvals.models import ApprovalPolicyRule, ApprovalRequest
-from controlplane.models import AuditEvent, Tenant
+from controlplane.models import Tenant
 
 
 def approval_list_for(
@@ -32,18 +33,13 @@ def approval_rules_for(*, tenant: Tenant) -> QuerySet[ApprovalPolicyRule]:
     )
 
 
-def audit_events_for(
-    *,
-    tenant: Tenant,
-    action: str | None = None,
-    object_type: str | None = None,
-    object_id: str | None = None,
-) -> QuerySet[AuditEvent]:
-    events = AuditEvent.objects.filter(tenant=tenant)
-    if action:
-        events = events.filter(action=action)
-    if object_type:
-        events = events.filter(object_type=object_type)
-    if object_id:
-        events = events.filter(object_id=object_id)
-    return events.select_related("actor").order_by("-created_at", "-id")
+def approvals_due(*, now: dt.datetime, limit: int) -> list[ApprovalRequest]:
+    """Pending requests past their time-to-live, oldest deadline first (every
+    tenant's: for the expiry task)."""
+    return list(
+        ApprovalRequest.objects.filter(
+            status=ApprovalRequest.Status.PENDING, expires_at__lte=now
+        )
+        .select_related("run", "tenant", "tool_call")
+        .order_by("expires_at")[:limit]
+    )

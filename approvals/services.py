@@ -4,6 +4,10 @@ A request is bound to exact arguments (snapshot + sha256) and the rule that aske
 Deciders are serialised on the request row (an UPDATE that bumps `version` is the
 first statement of the decision's transaction), so two clicks, two approvers or a
 click racing the expiry task give one outcome and one resume.
+
+This app stores; it never resumes. `runs` (runs/services/decide.py) calls these in
+its own transaction and then resumes or ends the waiting run, and it hands over
+the gated tool call (`GatedCall`) and the check of an edit (`ArgsEditCheck`).
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from dataclasses import dataclass
-from decimal import Decimal
-from typing import Any
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -24,18 +29,16 @@ from django.utils import timezone
 from approvals.models import (
     DEFAULT_APPROVER_ROLES,
     ApprovalDecision,
-    ApprovalPolicyRule,
     ApprovalRequest,
     TenantApprovalSettings,
 )
-from approvals.policy import APPROVER_ROLE_CHOICES, RULE_PREFIX
-from budgets.extensions import budget_grant_create
-from controlplane import metrics
-from controlplane.models import Membership, Role
+from approvals.policy import APPROVER_ROLE_CHOICES, RULE_PREFIX, rule_of
+from controlplane.models import Membership, Tenant
+from controlplane.permissions import Action, role_may
 from controlplane.services import audit_record
 from runs.engine.actions import ToolCall as EngineToolCall
-from runs.models import Run, ToolCall
 from tracing.redaction import args_digest, unredact
+from tracing.services import run_event_append
 
 
 class AlreadyDecided(Exception):
@@ -65,37 +68,68 @@ class ApprovalOutcome:
     reason: str = ""
 
 
-def _event(run: Run, type: str, payload: dict[str, Any]) -> None:
-    from tracing.services import run_event_append
+class GatedCall(Protocol):
+    """What approvals reads of the tool call a request gates: runs hands over its
+    `runs.ToolCall` row, which this app refers to by id and never imports."""
 
-    run_event_append(run=run, type=type, payload=payload)
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def run_id(self) -> uuid.UUID: ...
+    @property
+    def call_id(self) -> str: ...
+    @property
+    def tool_name(self) -> str: ...
+    @property
+    def args(self) -> Any: ...
+    @property
+    def args_sha256(self) -> str: ...
 
 
-def _rule_of(decision: dict[str, Any]) -> ApprovalPolicyRule | None:
-    name = str(decision.get("rule", ""))
-    if not name.startswith(RULE_PREFIX):
-        return None
-    return ApprovalPolicyRule.objects.filter(id=name[len(RULE_PREFIX) :]).first()
+@dataclass(frozen=True)
+class ArgsEdit:
+    """An approver's edit of the gated arguments as the caller checked it and wrote
+    it to the call row (runs owns the tool schemas, the policy and that row)."""
+
+    args: dict[str, Any]
+    args_sha256: str
+    # The stricter rule the edited arguments fall under, if any: its fields.
+    policy_changes: dict[str, Any] = field(default_factory=dict)
+
+
+# Checks an edit of `request`'s arguments (unredacted): None when they are
+# unchanged; raises ApprovalInputError when they are refused.
+ArgsEditCheck = Callable[[ApprovalRequest, dict[str, Any]], ArgsEdit | None]
+
+
+def _event(request: ApprovalRequest, type: str, payload: dict[str, Any]) -> None:
+    run_event_append(run=request.run, type=type, payload=payload)
+
+
+def approval_may_decide(role: str | None) -> bool:
+    """Whether the matrix lets `role` decide approvals at all (viewers never)."""
+    return role is not None and role_may(role, Action.APPROVAL_DECIDE)
 
 
 @transaction.atomic
 def approval_request_open(
-    *, tool_call: ToolCall, decision: dict[str, Any]
+    *, tenant_id: Any, tool_call: GatedCall, decision: dict[str, Any]
 ) -> ApprovalRequest:
     """Ask for a decision on exactly these arguments (snapshot + sha256)."""
     ttl = decision.get("ttl_seconds") or settings.APPROVAL_DEFAULT_TTL_SECONDS
-    rule = _rule_of(decision)
-    run = tool_call.run
+    rule = rule_of(decision)
     request, created = ApprovalRequest.objects.get_or_create(
-        tool_call=tool_call,
+        tool_call_id=tool_call.id,
         defaults={
-            "tenant_id": run.tenant_id,
+            "tenant_id": tenant_id,
             "run_id": tool_call.run_id,
             "tool_name": tool_call.tool_name,
             "rule": str(decision.get("rule", "")),
             "rule_ref": rule,
             "rule_reason": str(decision.get("reason", "")),
-            "approver_roles": rule.approver_roles if rule else ["admin", "operator"],
+            "approver_roles": rule.approver_roles
+            if rule
+            else list(DEFAULT_APPROVER_ROLES),
             "approvals_required": rule.approvals_required if rule else 1,
             "starter_may_approve": rule.starter_may_approve if rule else True,
             "args_snapshot": tool_call.args,
@@ -104,7 +138,7 @@ def approval_request_open(
         },
     )
     if created:
-        _announce_request(run, request)
+        _announce_request(request)
     return request
 
 
@@ -117,21 +151,21 @@ def extension_summary(extension: dict[str, Any]) -> str:
 
 
 @transaction.atomic
-def approval_request_open_budget(*, run: Run, ask: Any) -> ApprovalRequest:
-    """Ask whether to extend the budget by `ask.amount` (an ExtensionAsk) instead
-    of ending the run; anyone whose role may decide approvals may decide."""
-    from controlplane.permissions import Action, role_may
-
-    extension = ask.to_dict()
+def approval_request_open_budget(
+    *, tenant_id: Any, run_id: Any, extension: dict[str, Any], detail: str
+) -> ApprovalRequest:
+    """Ask whether to extend the budget as `extension` says (an ExtensionAsk's
+    dict, refused for `detail`) instead of ending the run; anyone whose role may
+    decide approvals may decide."""
     canonical = json.dumps(extension, sort_keys=True, separators=(",", ":"))
     request = ApprovalRequest.objects.create(
-        tenant_id=run.tenant_id,
-        run=run,
+        tenant_id=tenant_id,
+        run_id=run_id,
         kind=ApprovalRequest.Kind.BUDGET_EXTENSION,
         tool_name="",
         rule=BUDGET_EXTENSION_RULE,
-        rule_reason=f"{extension_summary(extension)}: {ask.detail}",
-        approver_roles=[r for r in Role.values if role_may(r, Action.APPROVAL_DECIDE)],
+        rule_reason=f"{extension_summary(extension)}: {detail}",
+        approver_roles=list(DEFAULT_APPROVER_ROLES),
         approvals_required=1,
         starter_may_approve=True,
         args_snapshot={},
@@ -141,21 +175,21 @@ def approval_request_open_budget(*, run: Run, ask: Any) -> ApprovalRequest:
         expires_at=timezone.now()
         + dt.timedelta(seconds=int(settings.APPROVAL_DEFAULT_TTL_SECONDS)),
     )
-    _announce_request(run, request)
+    _announce_request(request)
     return request
 
 
-def _announce_request(run: Run, request: ApprovalRequest) -> None:
+def _announce_request(request: ApprovalRequest) -> None:
     """Audit a new request and put `approval.requested` in the run's log."""
     audit_record(
-        tenant=run.tenant,
+        tenant=request.tenant,
         actor=None,
         action="approval.request",
         object_type="approval",
         object_id=str(request.id),
         after=_audit_view(request),
     )
-    _event(run, "approval.requested", _event_view(request))
+    _event(request, "approval.requested", _event_view(request))
 
 
 def _audit_view(request: ApprovalRequest) -> dict[str, Any]:
@@ -201,7 +235,7 @@ def may_decide(request: ApprovalRequest, user: User) -> str | None:
         .values_list("role", flat=True)
         .first()
     )
-    if role is None or role not in request.approver_roles or role == "viewer":
+    if role not in request.approver_roles or not approval_may_decide(role):
         roles = " or ".join(request.approver_roles)
         return f"deciding this approval needs the role {roles}"
     if not request.starter_may_approve and request.run.started_by_id == user.id:
@@ -209,26 +243,8 @@ def may_decide(request: ApprovalRequest, user: User) -> str | None:
     return None
 
 
-def _validated_edit(request: ApprovalRequest, args: Any) -> tuple[dict[str, Any], str]:
-    from runs.engine.validation import validate_arguments
-    from runs.tools.registry import BUILTIN_TOOLS
-
-    if not isinstance(args, dict):
-        raise ApprovalInputError("args", "args must be a JSON object")
-    tool = BUILTIN_TOOLS.get(request.tool_name)
-    if tool is None:
-        raise ApprovalInputError("args", f"{request.tool_name} has no known schema")
-    errors = validate_arguments(tool.contract.input_schema, args)
-    if errors:
-        raise ApprovalInputError("args", "; ".join(errors))
-    assert request.tool_call is not None  # budget extensions refuse args earlier
-    call = EngineToolCall.parse(
-        request.tool_call.call_id, request.tool_name, json.dumps(args)
-    )
-    return dict(call.arguments), call.arguments_sha256
-
-
-def approval_decide(
+@transaction.atomic(savepoint=False)
+def approval_decision_record(
     *,
     request: ApprovalRequest,
     decided_by: User,
@@ -236,39 +252,17 @@ def approval_decide(
     reason: str = "",
     scope: str = ApprovalRequest.Scope.ONCE,
     args: dict[str, Any] | None = None,
+    args_edit: ArgsEditCheck | None = None,
     remote_addr: str | None = None,
-) -> ApprovalRequest:
+) -> ApprovalRequest | AlreadyDecided:
     """Record one decision; the request is final on a deny or the last approval.
 
     A decision on a request that is no longer pending (or already carries this
-    user's vote) raises AlreadyDecided and writes nothing; one past its time-to-live
-    expires it (committed) and raises AlreadyDecided.
+    user's vote) raises AlreadyDecided and writes nothing. One past its
+    time-to-live expires it and *returns* AlreadyDecided, so the caller's
+    transaction keeps the expiry. Edited `args` go through `args_edit` (the
+    caller's check). The caller resumes the run when the request is final.
     """
-    with transaction.atomic():
-        outcome = _decide(
-            request=request, decided_by=decided_by, approve=approve, reason=reason,
-            scope=scope, args=args, remote_addr=remote_addr,
-        )  # fmt: skip
-    if isinstance(outcome, AlreadyDecided):
-        raise outcome
-    if outcome.status != ApprovalRequest.Status.PENDING and outcome.decided_at:
-        metrics.approval_decided(
-            decision=outcome.status,
-            seconds=(outcome.decided_at - outcome.requested_at).total_seconds(),
-        )
-    return outcome
-
-
-def _decide(
-    *,
-    request: ApprovalRequest,
-    decided_by: User,
-    approve: bool,
-    reason: str,
-    scope: str,
-    args: dict[str, Any] | None,
-    remote_addr: str | None,
-) -> ApprovalRequest | AlreadyDecided:
     if scope not in ApprovalRequest.Scope.values:
         raise ApprovalInputError(
             "scope", f"scope must be one of {ApprovalRequest.Scope.values}"
@@ -301,17 +295,17 @@ def _decide(
         raise ApprovalInputError("reason", "this tenant requires a reason for a deny")
     now = timezone.now()
     if locked.expires_at <= now:
-        _expire(locked, now)
+        approval_expire(request=locked, now=now)
         return AlreadyDecided(locked, "the approval expired before this decision")
     before = _audit_view(locked)
     if args is not None:
+        if args_edit is None:
+            raise ApprovalInputError("args", "arguments cannot be edited here")
         # Readers see the arguments redacted: a value sent back as it was shown
         # stands for the original it hides, so an edit keeps the real secrets.
-        args = unredact(args, locked.args_snapshot)
-        new_args, new_sha = _validated_edit(locked, args)
-        if new_sha != locked.args_sha256:
-            policy_changes = _policy_for_edit(locked, new_args)
-            _edit_args(locked, new_args, new_sha, decided_by, policy_changes)
+        edit = args_edit(locked, unredact(args, locked.args_snapshot))
+        if edit is not None:
+            _edit_args(locked, edit, decided_by)
     try:
         with transaction.atomic():
             ApprovalDecision.objects.create(
@@ -356,7 +350,7 @@ def _decide(
         remote_addr=remote_addr,
     )
     _event(
-        locked.run,
+        locked,
         "approval.decided",
         {
             **_event_view(locked),
@@ -367,138 +361,28 @@ def _decide(
             "approvals": approvals,
         },
     )
-    if final and locked.kind == ApprovalRequest.Kind.BUDGET_EXTENSION:
-        _budget_extension_final(locked, decided_by, remote_addr)
-    elif final:
-        from runs.services import run_resume
-
-        run_resume(run_id=str(locked.run_id))
     return locked
 
 
-def _budget_extension_final(
-    request: ApprovalRequest, decided_by: User | None, remote_addr: str | None
-) -> None:
-    """Approved: grow the cap or grant the period allowance, audited, and resume
-    the run at the refused reservation. Denied or expired: end the run."""
-    from runs.services import run_resume
-    from runs.services.budget_extension import (
-        run_cap_extend,
-        run_end_budget_exhausted,
-    )
-
-    extension = dict(request.extension or {})
-    if request.status != ApprovalRequest.Status.APPROVED:
-        why = "denied" if request.status == ApprovalRequest.Status.DENIED else "expired"
-        detail = f"{extension_summary(extension)} was {why}"
-        if request.reason and request.reason != "expired":
-            detail += f": {request.reason}"
-        run_end_budget_exhausted(
-            run_id=request.run_id, stop_reason=extension["stop_reason"], detail=detail
-        )
-        return
-    amount = Decimal(str(extension["amount"]))
-    if extension["scope"] == "period":
-        grant = budget_grant_create(run=request.run, ask=extension)
-        granted: dict[str, Any] = {"grant": grant.pk, "granted": str(grant.amount)}
-    else:
-        granted = {
-            "limit_extensions": run_cap_extend(
-                run_id=request.run_id, cap=extension["name"], amount=amount
-            )
-        }
-    audit_record(
-        tenant=request.tenant,
-        actor=decided_by,
-        action="budget.extend",
-        object_type="run",
-        object_id=str(request.run_id),
-        before={"limit": extension["limit"], "used": extension["used"]},
-        after={
-            "approval": str(request.id),
-            "scope": extension["scope"],
-            "dimension": extension["dimension"],
-            "name": extension["name"],
-            "period": extension["period"],
-            "amount": extension["amount"],
-            "limit": str(Decimal(str(extension["limit"])) + amount),
-            **granted,
-        },
-        remote_addr=remote_addr,
-    )
-    _event(
-        request.run,
-        "budget.extended",
-        {
-            "approval_id": str(request.id),
-            "dimension": extension["dimension"],
-            "name": extension["name"],
-            "amount": extension["amount"],
-            "decided_by": decided_by.get_username() if decided_by else None,
-        },
-    )
-    run_resume(run_id=str(request.run_id))
-
-
-def _policy_for_edit(request: ApprovalRequest, args: dict[str, Any]) -> dict[str, Any]:
-    """Ask the policy about the edited arguments: an edit may not escape a stricter
-    rule. A deny refuses the edit; a rule needing more approvers raises the bar."""
-    from approvals.policy import tenant_policy
-    from runs.engine.policy import PolicyAction, PolicyContext, decide_policy
-    from runs.tools.registry import BUILTIN_TOOLS
-
-    contract = BUILTIN_TOOLS[request.tool_name].contract
-    context = PolicyContext(
-        run_id=str(request.run_id), tenant_id=str(request.tenant_id)
-    )
-    decision = decide_policy(tenant_policy, contract, args, context)
-    if decision.action is PolicyAction.DENY:
-        raise ApprovalInputError(
-            "args", f"the edited arguments are denied by policy: {decision.reason}"
-        )
-    if decision.action is not PolicyAction.REQUIRE_APPROVAL:
-        return {}
-    rule = _rule_of(decision.to_dict())
-    if rule is None or rule.approvals_required <= request.approvals_required:
-        return {}
-    return {
-        "rule": decision.rule,
-        "rule_ref": rule,
-        "rule_reason": decision.reason,
-        "approvals_required": rule.approvals_required,
-        "approver_roles": rule.approver_roles,
-        "starter_may_approve": rule.starter_may_approve and request.starter_may_approve,
-    }
-
-
-def _edit_args(
-    request: ApprovalRequest,
-    args: dict[str, Any],
-    sha: str,
-    user: User,
-    policy_changes: dict[str, Any],
-) -> None:
-    from runs.services.tool_call_edit import tool_call_args_replace
-
+def _edit_args(request: ApprovalRequest, edit: ArgsEdit, user: User) -> None:
     original = (
         request.original_args
         if request.original_args is not None
         else request.args_snapshot
     )
     ApprovalRequest.objects.filter(id=request.id).update(
-        args_snapshot=args,
-        args_sha256=sha,
+        args_snapshot=edit.args,
+        args_sha256=edit.args_sha256,
         original_args=original,
         args_edited_by=user,
-        **policy_changes,
+        **edit.policy_changes,
     )
-    assert request.tool_call is not None
-    tool_call_args_replace(tool_call=request.tool_call, args=args, args_sha256=sha)
     request.refresh_from_db()
 
 
-def _expire(request: ApprovalRequest, now: dt.datetime) -> bool:
-    """Pending → expired (a deny with reason `expired`); False if already final."""
+def approval_expire(*, request: ApprovalRequest, now: dt.datetime) -> bool:
+    """Pending → expired (a deny with reason `expired`); False if already final.
+    The caller ends the wait (runs resumes or ends the run)."""
     updated = ApprovalRequest.objects.filter(
         id=request.id, status=ApprovalRequest.Status.PENDING
     ).update(status=ApprovalRequest.Status.EXPIRED, decided_at=now, reason="expired")
@@ -514,31 +398,8 @@ def _expire(request: ApprovalRequest, now: dt.datetime) -> bool:
         before={"status": ApprovalRequest.Status.PENDING},
         after=_audit_view(request),
     )
-    _event(request.run, "approval.expired", _event_view(request))
-    if request.kind == ApprovalRequest.Kind.BUDGET_EXTENSION:
-        _budget_extension_final(request, None, None)
-        return True
-    from runs.services import run_resume
-
-    run_resume(run_id=str(request.run_id))
+    _event(request, "approval.expired", _event_view(request))
     return True
-
-
-def approvals_expire(*, now: dt.datetime | None = None, limit: int = 500) -> int:
-    """Expire pending requests past their time-to-live; returns how many."""
-    now = now or timezone.now()
-    due = list(
-        ApprovalRequest.objects.filter(
-            status=ApprovalRequest.Status.PENDING, expires_at__lte=now
-        )
-        .select_related("run", "tenant", "tool_call")
-        .order_by("expires_at")[:limit]
-    )
-    expired = 0
-    for request in due:
-        with transaction.atomic():
-            expired += _expire(request, now)
-    return expired
 
 
 def approvers_still_allowed_problem(request: ApprovalRequest) -> str | None:
@@ -553,7 +414,7 @@ def approvers_still_allowed_problem(request: ApprovalRequest) -> str | None:
             .values_list("role", flat=True)
             .first()
         )
-        if role not in request.approver_roles or role == "viewer":
+        if role not in request.approver_roles or not approval_may_decide(role):
             return (
                 f"approver {vote.user.get_username()} no longer holds a role that "
                 f"may approve ({' or '.join(request.approver_roles)})"
@@ -561,10 +422,28 @@ def approvers_still_allowed_problem(request: ApprovalRequest) -> str | None:
     return None
 
 
-def approval_outcome_for(*, tool_call: ToolCall) -> ApprovalOutcome:
+def approval_run_scope_grant(
+    *, run_id: Any, tool_name: str, rule: str
+) -> ApprovalRequest | None:
+    """An earlier `scope: run` approval of this tool under this rule in this run,
+    whose approvers still hold a role that may approve."""
+    grants = ApprovalRequest.objects.filter(
+        run_id=run_id,
+        tool_name=tool_name,
+        rule=rule,
+        scope=ApprovalRequest.Scope.RUN,
+        status=ApprovalRequest.Status.APPROVED,
+    ).order_by("decided_at")
+    for grant in grants:
+        if approvers_still_allowed_problem(grant) is None:
+            return grant
+    return None
+
+
+def approval_outcome_for(*, tool_call: GatedCall) -> ApprovalOutcome:
     """Re-check on resume: decided, not expired, deciders still allowed, and the
     arguments unchanged since the decision."""
-    request = ApprovalRequest.objects.filter(tool_call=tool_call).first()
+    request = ApprovalRequest.objects.filter(tool_call_id=tool_call.id).first()
     if request is None:
         return ApprovalOutcome(
             pending=False, approved=False, reason="no approval found"
@@ -594,7 +473,7 @@ def approval_outcome_for(*, tool_call: ToolCall) -> ApprovalOutcome:
 
 
 def approval_covers_problem(
-    *, tool_call: ToolCall, decision: dict[str, Any]
+    *, tool_call: GatedCall, decision: dict[str, Any]
 ) -> str | None:
     """Why the call's approval does not meet what the policy asks now, or None.
 
@@ -604,14 +483,14 @@ def approval_covers_problem(
     starter may approve), counted with each voter's role as it is now.
     """
     request = (
-        ApprovalRequest.objects.filter(tool_call=tool_call)
+        ApprovalRequest.objects.filter(tool_call_id=tool_call.id)
         .select_related("run")
         .first()
     )
     if request is None:
         return "no approval found"
     name = str(decision.get("rule", ""))
-    rule = _rule_of(decision)
+    rule = rule_of(decision)
     if rule is not None:
         label = f"rule {rule.name}"
         roles = list(rule.approver_roles)
@@ -646,10 +525,10 @@ def approval_covers_problem(
     )
 
 
-def approval_edit_note(*, tool_call: ToolCall) -> str | None:
+def approval_edit_note(*, tool_call: GatedCall) -> str | None:
     """What the model is told when a reviewer changed the arguments, if they did."""
     request = (
-        ApprovalRequest.objects.filter(tool_call=tool_call)
+        ApprovalRequest.objects.filter(tool_call_id=tool_call.id)
         .select_related("args_edited_by")
         .first()
     )
@@ -667,10 +546,12 @@ def approval_edit_note(*, tool_call: ToolCall) -> str | None:
     )
 
 
-def approval_requests_cancel_for_run(*, run: Run) -> int:
+def approval_requests_cancel_for_run(*, run_id: Any, tenant: Tenant) -> int:
     """Cancelling a run cancels its pending approvals (audited, no resume)."""
     pending = list(
-        ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
+        ApprovalRequest.objects.filter(
+            run_id=run_id, status=ApprovalRequest.Status.PENDING
+        )
     )
     cancelled = 0
     for request in pending:
@@ -683,13 +564,13 @@ def approval_requests_cancel_for_run(*, run: Run) -> int:
         )
         if updated:
             audit_record(
-                tenant=run.tenant,
+                tenant=tenant,
                 actor=None,
                 action="approval.cancel",
                 object_type="approval",
                 object_id=str(request.id),
                 before={"status": ApprovalRequest.Status.PENDING},
-                after={"status": ApprovalRequest.Status.CANCELLED, "run": str(run.id)},
+                after={"status": ApprovalRequest.Status.CANCELLED, "run": str(run_id)},
             )
         cancelled += updated
     return cancelled

@@ -1,3 +1,6 @@
+"""The approvals API's reads and settings; deciding and rule writes act on runs and
+are routed by runs/urls.py at the same prefix (approvals/, approval-rules/)."""
+
 from django.urls import path
 
 from approvals import api
@@ -10,22 +13,8 @@ urlpatterns = [
         name="api-approval",
     ),
     path(
-        "approvals/<uuid:approval_id>/decide/",
-        api.ApprovalDecideApi.as_view(),
-        name="api-approval-decide",
-    ),
-    path(
-        "approval-rules/", api.ApprovalRuleListApi.as_view(), name="api-approval-rules"
-    ),
-    path(
-        "approval-rules/<uuid:rule_id>/",
-        api.ApprovalRuleDetailApi.as_view(),
-        name="api-approval-rule",
-    ),
-    path(
         "approval-settings/",
         api.ApprovalSettingsApi.as_view(),
         name="api-approval-settings",
     ),
-    path("audit/", api.AuditListApi.as_view(), name="api-audit"),
 ]

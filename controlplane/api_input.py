@@ -108,6 +108,16 @@ def query_params(
     return dict(checked.validated_data)
 
 
+def reject_unknown_fields(request: Request, allowed: set[str]) -> None:
+    """A JSON object body with no field outside `allowed` (a typo is a 400, not a
+    silently ignored setting)."""
+    if not isinstance(request.data, dict):
+        raise ValidationError({"non_field_errors": ["the body must be a JSON object"]})
+    unknown = sorted(set(request.data) - allowed)
+    if unknown:
+        raise ValidationError({name: ["unknown field"] for name in unknown})
+
+
 class BoundedPagination(LimitOffsetPagination):
     """limit/offset paging that refuses what it cannot serve (400).
 

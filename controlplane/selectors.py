@@ -56,5 +56,19 @@ def api_tokens_for(*, tenant: Tenant, user: User) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(tenant=tenant, user=user).order_by("-created_at")
 
 
-def audit_events_for(*, tenant: Tenant) -> QuerySet[AuditEvent]:
-    return AuditEvent.objects.filter(tenant=tenant).select_related("actor")
+def audit_events_for(
+    *,
+    tenant: Tenant,
+    action: str | None = None,
+    object_type: str | None = None,
+    object_id: str | None = None,
+) -> QuerySet[AuditEvent]:
+    """The tenant's audit log, newest first, optionally narrowed."""
+    events = AuditEvent.objects.filter(tenant=tenant)
+    if action:
+        events = events.filter(action=action)
+    if object_type:
+        events = events.filter(object_type=object_type)
+    if object_id:
+        events = events.filter(object_id=object_id)
+    return events.select_related("actor").order_by("-created_at", "-id")

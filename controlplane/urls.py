@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from controlplane import api, health, metrics, views
+from controlplane import api, audit_api, health, metrics, views
 from runs import trace_api
 
 # Swagger UI comes from its CDN and keeps a small inline <style>; its own
@@ -38,6 +38,7 @@ urlpatterns = [
         api.TokenRevokeApi.as_view(),
         name="api-token-revoke",
     ),
+    path("api/v1/audit/", audit_api.AuditListApi.as_view(), name="api-audit"),
     path("v1/traces", trace_api.otlp_traces, name="otlp-traces"),
     path("api/v1/", include("runs.urls")),
     path("api/v1/", include("approvals.urls")),

@@ -10,6 +10,7 @@ from celery.signals import worker_process_init
 from controlplane import metrics
 from runs.failpoints import failpoint
 from runs.services import recover_stalled_runs, run_advance
+from runs.services.decide import approvals_expire
 from runs.services.retention import retention_sweep
 from runs.spans import spans_end_of_finished_runs
 from tracing.store import spans_abandon_expired
@@ -48,6 +49,13 @@ def recover_stalled_runs_task() -> int:
     recovered = recover_stalled_runs()
     metrics.runs_recovered(count=recovered)
     return recovered
+
+
+@shared_task
+def expire_approvals_task() -> int:
+    """Expire pending approvals past their time-to-live (a deny, reason `expired`)
+    and end their runs' waits; run by beat (no countdown/ETA)."""
+    return approvals_expire()
 
 
 @shared_task

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from runs import agents_api, api, budget_api, data_api, trace_api
+from runs import agents_api, api, approvals_api, budget_api, data_api, trace_api
 
 urlpatterns = [
     path("agents/", agents_api.AgentListApi.as_view(), name="api-agents"),
@@ -33,4 +33,20 @@ urlpatterns = [
     path("spans/<int:span_pk>/", trace_api.SpanDetailApi.as_view(), name="api-span"),
     path("retention/", data_api.RetentionApi.as_view(), name="api-retention"),
     path("budget/", budget_api.BudgetApi.as_view(), name="api-budget"),
+    # The approvals API's operations that act on runs (approvals/urls.py has the rest).
+    path(
+        "approvals/<uuid:approval_id>/decide/",
+        approvals_api.ApprovalDecideApi.as_view(),
+        name="api-approval-decide",
+    ),
+    path(
+        "approval-rules/",
+        approvals_api.ApprovalRuleListApi.as_view(),
+        name="api-approval-rules",
+    ),
+    path(
+        "approval-rules/<uuid:rule_id>/",
+        approvals_api.ApprovalRuleDetailApi.as_view(),
+        name="api-approval-rule",
+    ),
 ]

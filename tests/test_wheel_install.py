@@ -33,7 +33,7 @@ SMOKE = textwrap.dedent(
     from django.test import Client
 
     from approvals.models import ApprovalRequest
-    from approvals.services import approval_decide
+    from runs.services.decide import approval_decide
     from controlplane.models import Tenant
     from runs.demo import DEMO_AGENT_SLUG, DEMO_INPUT
     from runs.models import Run

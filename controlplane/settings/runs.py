@@ -40,8 +40,9 @@ RUN_MODEL_DEADLINE_SECONDS = env.number(
     help="Longest one model call may take, all retries and backoffs included "
     "(keep it below RUN_LEASE_SECONDS).",
 )
-# The tenant's approval rules (approvals app); fail-safe: a raising hook denies.
-RUN_POLICY_HOOK = "approvals.policy.tenant_policy"
+# The tenant's approval rules (approvals app) applied by runs; fail-safe: a raising
+# hook denies.
+RUN_POLICY_HOOK = "runs.services.policy.tenant_policy"
 # The last resort against a step that never ends (SIGKILL, then redelivery). A
 # step's model call ends within RUN_MODEL_DEADLINE_SECONDS (its lease is renewed
 # meanwhile); the minute beyond the larger of that and the lease is for the
@@ -134,6 +135,6 @@ APPROVAL_EXPIRE_INTERVAL_SECONDS = env.number(
     help="How often beat expires pending approvals past their time-to-live.",
 )
 CELERY_BEAT_SCHEDULE["approvals-expire"] = {
-    "task": "approvals.tasks.expire_approvals_task",
+    "task": "runs.tasks.expire_approvals_task",
     "schedule": APPROVAL_EXPIRE_INTERVAL_SECONDS,
 }

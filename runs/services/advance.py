@@ -22,11 +22,13 @@ from typing import Any, NoReturn
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.policy import RULES_READ, policy_rules_select, tenant_policy
+from approvals.policy import RULES_READ, policy_rules_select
 from approvals.services import (
     approval_covers_problem,
     approval_edit_note,
     approval_outcome_for,
+    approval_request_open,
+    approval_request_open_budget,
 )
 from budgets.extensions import (
     ExtensionAsk,
@@ -103,6 +105,7 @@ from runs.services.lifecycle import (
     run_save,
     run_save_prepare,
 )
+from runs.services.policy import tenant_policy
 from runs.services.spend import (
     budget_after_model_call,
     budget_after_tool_call,
@@ -476,10 +479,10 @@ def _gate(ctx: StepContext, call: ToolCall, rules: list[Any] | None) -> CallGate
 def _wait_for_approval(
     ctx: StepContext, row: ToolCallRow, call: ToolCall, decision: dict[str, Any]
 ) -> None:
-    from approvals.services import approval_request_open
-
     with transaction.atomic():
-        approval_request_open(tool_call=row, decision=decision)
+        approval_request_open(
+            tenant_id=ctx.run.tenant_id, tool_call=row, decision=decision
+        )
         ToolCallRow.objects.filter(id=row.id).update(
             status=ToolCallRow.Status.WAITING_APPROVAL
         )
@@ -782,12 +785,15 @@ def _ask_to_extend(ctx: StepContext, ask: ExtensionAsk | None) -> None:
     Returns only when there is nothing to ask (the run then ends as before)."""
     if ask is None:
         return
-    from approvals.services import approval_request_open_budget
-
     with transaction.atomic():
         if ask.scope == "run_cap":  # the ledger says so for a tenant limit
             budget_run_cap_refused_event(run=ctx.run, ask=ask)
-        approval_request_open_budget(run=ctx.run, ask=ask)
+        approval_request_open_budget(
+            tenant_id=ctx.run.tenant_id,
+            run_id=ctx.run.id,
+            extension=ask.to_dict(),
+            detail=ask.detail,
+        )
         ctx.checkpoint(
             status=Run.Status.WAITING_APPROVAL, step_token=None, lease_owner=""
         )

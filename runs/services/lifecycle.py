@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from approvals.services import approval_requests_cancel_for_run
 from budgets.ledger import budget_release_for_run
 from budgets.models import Budget
 from budgets.prices import PriceLookup, model_price_of, model_price_select
@@ -321,9 +322,7 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
 
 
 def _approvals_cancel(run: Run) -> None:
-    from approvals.services import approval_requests_cancel_for_run
-
-    approval_requests_cancel_for_run(run=run)
+    approval_requests_cancel_for_run(run_id=run.id, tenant=run.tenant)
 
 
 @transaction.atomic

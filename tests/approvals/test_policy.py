@@ -7,13 +7,14 @@ from typing import Any
 import pytest
 
 from approvals.models import ApprovalPolicyRule
-from approvals.policy import RULES_READ, policy_rules_select, tenant_policy
+from approvals.policy import RULES_READ, policy_rules_select
 from controlplane.services import membership_set
 from runs.engine.actions import ToolCall
 from runs.engine.contracts import Effect, ToolContract, ToolSource
 from runs.engine.policy import PolicyAction, PolicyContext, decide_policy
 from runs.engine.step import GateVerdict, gate_tool_call
 from runs.engine.tools import Tool, ToolRegistry
+from runs.services.policy import tenant_policy
 from runs.tools.registry import BUILTIN_TOOLS
 from tests.wire import wire
 

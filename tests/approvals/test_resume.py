@@ -10,17 +10,12 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalPolicyRule, ApprovalRequest
-from approvals.services import (
-    AlreadyDecided,
-    ApprovalForbidden,
-    ApprovalInputError,
-    approval_decide,
-    approvals_expire,
-)
+from approvals.services import AlreadyDecided, ApprovalForbidden, ApprovalInputError
 from controlplane.models import AuditEvent, Membership
 from controlplane.services import membership_set
 from runs.models import Run, ToolCall
 from runs.services import run_cancel
+from runs.services.decide import approval_decide, approvals_expire
 from shop.models import Refund, Replacement, ShopOrder
 from tests.approvals.conftest import REFUND_ARGS, REPLACE_ARGS, call, script_of
 from tests.runs.conftest import drive

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from approvals.models import ApprovalDecision, ApprovalPolicyRule, ApprovalRequest
-from approvals.services import approval_decide
 from controlplane.celery import app as celery_app
 from controlplane.models import AuditEvent
 from controlplane.services import membership_set
 from runs.models import Run, ToolCall
 from runs.services import run_start
+from runs.services.decide import approval_decide
 from shop.models import Refund, Replacement
 from tests.approvals.conftest import (
     REFUND_ARGS,

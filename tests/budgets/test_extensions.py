@@ -10,12 +10,12 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from approvals.services import approvals_expire
 from budgets.models import BudgetGrant, BudgetLedgerEntry
 from budgets.selectors import window_totals
 from controlplane.models import AuditEvent
 from runs.models import Run, Step, ToolCall
 from runs.services import run_start
+from runs.services.decide import approvals_expire
 from tracing.models import RunEvent
 
 ANSWER = [{"text": "done", "usage": {"input_tokens": 10, "output_tokens": 5}}]

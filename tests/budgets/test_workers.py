@@ -8,11 +8,11 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from budgets.models import BudgetGrant, BudgetLedgerEntry
 from budgets.selectors import window_totals
 from runs.models import Run, Step
 from runs.services import run_start
+from runs.services.decide import approval_decide
 from tests.conftest import start_worker
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]

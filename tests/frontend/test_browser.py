@@ -235,7 +235,7 @@ def test_inbox_lists_pending_oldest_first_live_and_approves_from_the_keyboard(
 def test_lost_socket_shows_reconnecting_and_after_reconnect_holds_every_span_once(
     shop: Any, operator_user: Any, open_page: Any, ui_worker: Any, tmp_path: Path
 ) -> None:
-    from approvals.services import approval_decide
+    from runs.services.decide import approval_decide
 
     server = DaphneServer(tmp_path).start()
     try:

@@ -9,9 +9,9 @@ from celery.signals import before_task_publish
 from django.db import transaction
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from runs.models import Run, Step, ToolCall
 from runs.services import run_advance, run_start
+from runs.services.decide import approval_decide
 from runs.spans import traceparent_for
 from shop.models import Replacement
 

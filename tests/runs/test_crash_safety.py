@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from runs.models import Run, ToolCall
 from runs.services import recover_stalled_runs, run_start
+from runs.services.decide import approval_decide
 from shop.models import Refund, Replacement
 from tests.conftest import start_worker, wait_for
 

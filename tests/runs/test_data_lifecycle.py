@@ -12,12 +12,12 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
-from approvals.services import approval_decide
 from budgets.models import Budget, BudgetLedgerEntry
 from controlplane.models import AuditEvent, Tenant
 from runs.demo import demo_seed_shop
 from runs.models import Agent, Run, Step, ToolCall
 from runs.services import run_start
+from runs.services.decide import approval_decide
 from runs.tasks import retention_sweep_task
 from tests.conftest import start_worker, wait_for
 from tests.runs.conftest import drive

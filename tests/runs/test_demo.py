@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from runs.models import Run
 from runs.replay import run_replay
 from runs.services import run_start
+from runs.services.decide import approval_decide
 from shop.models import Replacement
 
 

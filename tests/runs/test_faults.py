@@ -22,11 +22,11 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from controlplane.celery import app as celery_app
 from controlplane.embedded_redis import EmbeddedRedis
 from runs.models import Run, ToolCall
 from runs.services import recover_stalled_runs, run_advance, run_start
+from runs.services.decide import approval_decide
 from runs.services.recovery import queued_step_tokens
 from runs.spans import root_span_id
 from runs.tasks import abandon_expired_spans_task

@@ -12,11 +12,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from controlplane.models import Role
 from runs.demo import demo_seed_shop
 from runs.models import Agent, Run, ToolCall
 from runs.services import run_start
+from runs.services.decide import approval_decide
 
 
 def _demo_run(agent: Agent, user: Any, drive_run: Any, *, approve: bool) -> Run:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from approvals.services import approval_decide
 from runs.models import Run
+from runs.services.decide import approval_decide
 from tests.approvals.conftest import (
     REPLACE_ARGS,
     call,

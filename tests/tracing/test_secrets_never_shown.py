@@ -18,13 +18,13 @@ from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from controlplane.asgi import application
 from controlplane.services import api_token_issue
 from runs.engine.contracts import Effect, Idempotency, ToolContract, ToolSource
 from runs.engine.tools import Tool
 from runs.models import Run, ToolCall
 from runs.services import run_start
+from runs.services.decide import approval_decide
 from runs.tools import registry
 from tests.conftest import BASE_DIR
 from tests.tracing.test_spans import exported
