@@ -26,8 +26,8 @@ from controlplane.api_input import (
 )
 from controlplane.api_schema import ErrorDetailSerializer
 from controlplane.permissions import Action, Gate
+from controlplane.redaction import ArgsDigestField, RedactedCharField, RedactedJSONField
 from controlplane.tenancy import tenant_of
-from tracing.redaction import ArgsDigestField, RedactedCharField, RedactedJSONField
 
 
 def _remote_addr(request: Request) -> str | None:

@@ -35,9 +35,9 @@ from approvals.models import (
 from approvals.policy import APPROVER_ROLE_CHOICES, RULE_PREFIX, rule_of
 from controlplane.models import Membership, Tenant
 from controlplane.permissions import Action, role_may
+from controlplane.redaction import args_digest, unredact
 from controlplane.services import audit_record
 from runs.engine.actions import ToolCall as EngineToolCall
-from tracing.redaction import args_digest, unredact
 from tracing.services import run_event_append
 
 

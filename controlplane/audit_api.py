@@ -13,8 +13,8 @@ from rest_framework.views import APIView
 from controlplane import selectors
 from controlplane.api_input import BoundedPagination, query_params
 from controlplane.permissions import Action, Gate
+from controlplane.redaction import RedactedJSONField
 from controlplane.tenancy import tenant_of
-from tracing.redaction import RedactedJSONField
 
 
 class AuditEventSerializer(serializers.Serializer[Any]):

@@ -25,6 +25,7 @@ from controlplane.idempotency import (
     idempotent,
 )
 from controlplane.permissions import Action, Gate
+from controlplane.redaction import RedactedCharField, RedactedJSONField
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
 from runs.engine.evaluator import verdict_of
@@ -32,7 +33,6 @@ from runs.models import Run
 from runs.services.retention import run_delete
 from runs.services.spend import run_usage_against_caps
 from runs.stats import run_stats_for
-from tracing.redaction import RedactedCharField, RedactedJSONField
 
 
 class ToolCallSerializer(serializers.Serializer[Any]):

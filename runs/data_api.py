@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 from approvals.api import ApprovalSerializer
 from approvals.selectors import approval_list_for
 from controlplane.permissions import Action, Gate
+from controlplane.redaction import redact
 from controlplane.tenancy import tenant_of
 from runs import selectors
 from runs.api import RunDetailSerializer
@@ -29,7 +30,6 @@ from runs.models import Run
 from runs.services.retention import tenant_retention_days, tenant_retention_set
 from tracing import selectors as tracing_selectors
 from tracing.export import otlp_trace_request
-from tracing.redaction import redact
 from tracing.services import event_message
 from tracing.store import span_event_payload
 

@@ -32,6 +32,7 @@ from opentelemetry.trace import (
 )
 
 from approvals.models import ApprovalRequest
+from controlplane.redaction import redact
 from runs.engine.evaluator import verdict_of
 from runs.models import Run
 from tracing.models import Span
@@ -41,7 +42,6 @@ from tracing.processor import (
     long_lived,
     span_batch_flush_if_slow,
 )
-from tracing.redaction import redact
 from tracing.setup import fixed_ids, tracer
 from tracing.store import span_abandon
 

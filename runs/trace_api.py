@@ -26,13 +26,13 @@ from controlplane.authentication import (
     bearer_authenticate,
 )
 from controlplane.permissions import Action, Gate, context_may, declares
+from controlplane.redaction import redact
 from controlplane.tenancy import tenant_context_for, tenant_of
 from runs.models import Run
 from runs.selectors import run_for_tenant
 from runs.services.external import ingest_spans
 from tracing import selectors
 from tracing.ingest import IngestError, LimitExceeded, decode_body, parse_request
-from tracing.redaction import redact
 from tracing.services import event_message
 from tracing.store import span_event_payload
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from django.conf import settings
 
+from controlplane.redaction import redact, redact_attributes
 from tracing.models import SpanPayload
-from tracing.redaction import redact, redact_attributes
 
 __all__ = [
     "PAYLOAD_KEYS",

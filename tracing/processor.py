@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tracing.redaction import redact, redact_attributes
+from controlplane.redaction import redact, redact_attributes
 from tracing.store import (
     PreparedSpans,
     SpanHandle,

@@ -12,10 +12,10 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from controlplane.redaction import redact
 from controlplane.rows import rows_insert
 from tracing.broadcast import broadcaster
 from tracing.models import RunEvent
-from tracing.redaction import redact
 
 __all__ = [
     "RunIds",

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.redaction import redact
 from controlplane.rows import (
     EncodedJSON,
     Statement,
@@ -27,7 +28,6 @@ from controlplane.rows import (
 from controlplane.transactions import sub_transaction
 from tracing.models import Span, SpanPayload
 from tracing.payloads import PayloadMemo, payloads_split
-from tracing.redaction import redact
 from tracing.services import RunIds, run_event_append, run_events_append
 
 __all__ = [

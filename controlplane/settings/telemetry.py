@@ -44,8 +44,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
-    # Every record is redacted (tracing/redaction.py) before any handler writes it.
-    "filters": {"redact": {"()": "tracing.redaction.RedactingLogFilter"}},
+    # Every record is redacted (controlplane/redaction.py) before any handler writes it.
+    "filters": {"redact": {"()": "controlplane.redaction.RedactingLogFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",

@@ -19,6 +19,7 @@ from channels.testing import WebsocketCommunicator
 
 from approvals.models import ApprovalRequest
 from controlplane.asgi import application
+from controlplane.redaction import RedactingLogFilter, args_digest
 from controlplane.services import api_token_issue
 from runs.engine.contracts import Effect, Idempotency, ToolContract, ToolSource
 from runs.engine.tools import Tool
@@ -29,7 +30,6 @@ from runs.tools import registry
 from tests.conftest import BASE_DIR
 from tests.tracing.test_spans import exported
 from tracing.models import RunEvent, Span, SpanPayload
-from tracing.redaction import RedactingLogFilter, args_digest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

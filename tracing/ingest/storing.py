@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from controlplane.redaction import redact, redact_attributes
 from tracing.ingest.mapping import TraceSummary
 from tracing.ingest.otlp import OtlpSpan, time_of
 from tracing.models import Span, SpanPayload
 from tracing.payloads import PAYLOAD_KEYS, payload_encode
-from tracing.redaction import redact, redact_attributes
 from tracing.services import RunIds, run_events_append
 from tracing.store import span_event_payload
 

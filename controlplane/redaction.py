@@ -11,7 +11,9 @@ redacted by key as well, so serialized tool arguments and a model's
 Spans, their payloads and run events are redacted before they are written,
 streamed or exported; rows that keep raw values because a tool must execute
 with them (tool calls, steps, approvals, the engine state) are redacted when an
-API serializes them; the logging filter redacts every record.
+API serializes them; the logging filter redacts every record. It sits on the
+ground floor (controlplane) because every app redacts: the audit API as much as
+tracing and runs.
 """
 
 from __future__ import annotations
