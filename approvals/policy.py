@@ -19,7 +19,6 @@ from typing import Any
 from approvals.models import ApprovalPolicyRule
 from controlplane.models import Membership
 from controlplane.permissions import Action, roles_that_may
-from controlplane.rows import Select, instances_select
 from runs.engine.contracts import Effect, ToolContract
 
 RULE_PREFIX = "tenant_rule:"
@@ -99,11 +98,13 @@ def eligible_approvers(
     return members.count()
 
 
-def policy_rules_select(tenant_id: Any) -> Select:
-    """The tenant's rules in the order they apply, to run with other reads; pass
-    what it found as `PolicyContext.attributes[RULES_READ]`."""
-    return instances_select(
-        ApprovalPolicyRule, {"tenant": tenant_id}, order_by=["position", "created_at"]
+def policy_rules_for(tenant_id: Any) -> list[ApprovalPolicyRule]:
+    """The tenant's rules in the order they apply; a caller that read them already
+    passes them as `PolicyContext.attributes[RULES_READ]`."""
+    return list(
+        ApprovalPolicyRule.objects.filter(tenant_id=tenant_id).order_by(
+            "position", "created_at"
+        )
     )
 
 

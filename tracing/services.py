@@ -8,12 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from controlplane.redaction import redact
-from controlplane.rows import rows_insert
 from tracing.broadcast import broadcaster
 from tracing.models import RunEvent
 
@@ -128,10 +127,9 @@ def run_events_append(
     longer than a stream's queue (an ingested trace): a stream that sees the
     jump in seq fills the rest from the log at its client's pace.
 
-    The unique (run, seq) constraint decides between concurrent writers: a seq
-    already taken is skipped by the insert (no error, so no savepoint is needed
-    to keep the caller's transaction); the loser removes what it inserted and
-    takes the next numbers.
+    The unique (run, seq) constraint decides between concurrent writers: the
+    insert runs in a savepoint, so a seq already taken fails only it (the
+    caller's transaction goes on), and the loser takes the next numbers.
     """
     readable = [(type, _readable(type, payload)) for type, payload in events]
     # The last committed seq seen by this process saves the MAX query when this
@@ -149,18 +147,15 @@ def run_events_append(
             )
             for offset, (type, payload) in enumerate(readable, start=1)
         ]  # fmt: skip
-        pks = rows_insert(
-            RunEvent,
-            ["run", "seq", "type", "payload", "created_at"],
-            [[run.pk, r.seq, r.type, r.payload, now] for r in rows],
-            ignore_conflicts=True,
-        )
-        if len(pks) < len(rows):  # another writer has some of these seqs
-            RunEvent.objects.filter(pk__in=pks).delete()
-            last = _max_seq(run.pk)
+        try:
+            with transaction.atomic():
+                RunEvent.objects.bulk_create(rows)
+        except IntegrityError:
+            taken = _max_seq(run.pk)
+            if taken <= last:  # not a seq another writer took
+                raise
+            last = taken
             continue
-        for row, pk in zip(rows, pks, strict=True):
-            row.pk = pk
         transaction.on_commit(functools.partial(_remember, run.pk, rows[-1].seq))
         announced = rows if announce == "each" else rows[-1:]
         transaction.on_commit(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import socket
 from collections.abc import Mapping
@@ -17,15 +16,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.durability import recoverable_transaction
 from controlplane.redaction import redact
-from controlplane.rows import (
-    EncodedJSON,
-    Statement,
-    row_update,
-    rows_insert_statement,
-    statements_run,
-)
-from controlplane.transactions import sub_transaction
 from tracing.models import Span, SpanPayload
 from tracing.payloads import PayloadMemo, payloads_split
 from tracing.services import RunIds, run_event_append, run_events_append
@@ -83,8 +75,9 @@ def span_event_payload(span: Span) -> dict[str, Any]:
 def telemetry_transaction() -> contextlib.AbstractContextManager[None]:
     """A transaction for span rows and their events: recoverable (a database crash
     may lose the last few spans, never a run's state that came after them).
-    Inside a step's transaction, a failed span write loses only the spans."""
-    return sub_transaction()
+    Inside a step's transaction it is a savepoint: a failed span write loses
+    only the spans (and their commit hooks)."""
+    return recoverable_transaction()
 
 
 def _worker_name() -> str:
@@ -125,20 +118,19 @@ def spans_store(writes: list[SpanWrite]) -> None:
 
 @dataclass
 class PreparedSpans:
-    """Span writes with their payloads encoded and new rows built (no database)."""
+    """Span writes with their payloads encoded and new rows built (no database):
+    taken from a batch before the transaction that stores them, they can be
+    stored again if it rolls back."""
 
     writes: list[tuple[SpanWrite, dict[str, Any], dict[str, str]]]
     new_rows: dict[int, Span]  # by handle
-    # Their inserts, values converted (payload bodies, attributes, times).
-    payload_insert: Statement | None
-    span_insert: Statement | None
-    # The event of each new row and its encoding, but for the row's key (by handle).
-    new_events: dict[int, tuple[dict[str, Any], str]]
+    new_payloads: list[SpanPayload]
+    # The event of each new row, but for the row's key (by handle).
+    new_events: dict[int, dict[str, Any]]
 
 
 def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
-    """Everything of `spans_store` that needs no database: done before its
-    transaction, which on SQLite holds the one write lock every worker waits for."""
+    """Everything of `spans_store` that needs no database."""
     pending: dict[tuple[Any, str], SpanPayload] = {}
     ended = {id(w.handle) for w in writes if w.ended}
     prepared = [
@@ -164,31 +156,14 @@ def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
         new_rows[id(write.handle)] = _leased_row(
             write, end_write.record, attributes, payloads
         )
-    payload_insert = span_insert = None
-    if pending:
-        payload_insert = rows_insert_statement(
-            SpanPayload,
-            ["tenant", "sha256", "size", "content", "created_at"],
-            [[p.tenant_id, p.sha256, p.size, p.content, timezone.now()]
-             for p in pending.values()],
-            returning=False,
-            ignore_conflicts=True,
-        )  # fmt: skip
-    if new_rows:
-        span_insert = rows_insert_statement(
-            Span,
-            _SPAN_COLUMNS,
-            [[getattr(row, attname) for attname in _SPAN_ATTNAMES]
-             for row in new_rows.values()],
-        )  # fmt: skip
     new_events = {}
     for handle, row in new_rows.items():
         event = span_event_payload(row)
         del event["id"]
         if row.ended_at is not None:  # stored complete: no `span.started` first
             event["first_event"] = True
-        new_events[handle] = (event, json.dumps(event))
-    return PreparedSpans(prepared, new_rows, payload_insert, span_insert, new_events)
+        new_events[handle] = event
+    return PreparedSpans(prepared, new_rows, list(pending.values()), new_events)
 
 
 def spans_write(spans: PreparedSpans) -> None:
@@ -197,11 +172,11 @@ def spans_write(spans: PreparedSpans) -> None:
     if not prepared:
         return
     with telemetry_transaction():
-        inserts = [i for i in (spans.payload_insert, spans.span_insert) if i]
-        results = statements_run(inserts)  # one round trip on PostgreSQL
-        if spans.span_insert is not None:
-            for new, pk in zip(new_rows.values(), results[-1], strict=True):
-                new.pk = pk
+        if spans.new_payloads:  # a payload stored already is the same by its hash
+            SpanPayload.objects.bulk_create(spans.new_payloads, ignore_conflicts=True)
+        for new in new_rows.values():
+            new.pk = None  # a key from a rolled-back attempt is not the row's
+        Span.objects.bulk_create(list(new_rows.values()))
         events: dict[tuple[Any, Any], list[tuple[str, dict[str, Any]]]] = {}
         for write, attributes, payloads in prepared:
             handle = id(write.handle)
@@ -212,7 +187,7 @@ def spans_write(spans: PreparedSpans) -> None:
                 if write.ended == (row.ended_at is not None):  # one event a row
                     kind = "span.ended" if write.ended else "span.started"
                     events.setdefault((write.run_id, write.tenant_id), []).append(
-                        (kind, _keyed_event(row.pk, *spans.new_events[handle]))
+                        (kind, {"id": row.pk, **spans.new_events[handle]})
                     )
                 continue
             ended = span_event_payload(_leased_end(write, attributes, payloads))
@@ -221,19 +196,6 @@ def spans_write(spans: PreparedSpans) -> None:
             )
         for (run_id, tenant_id), run_events in events.items():
             run_events_append(run=RunIds(run_id, tenant_id), events=run_events)
-
-
-def _keyed_event(pk: int, event: dict[str, Any], text: str) -> EncodedJSON:
-    """A new row's event with its key first, as `span_event_payload` puts it."""
-    return EncodedJSON({"id": pk, **event}, f'{{"id": {int(pk)}, {text[1:]}')
-
-
-_SPAN_COLUMNS = [
-    "run", "trace_id", "span_id", "parent_span_id", "name", "kind", "status",
-    "status_message", "started_at", "ended_at", "attributes", "payloads", "events",
-    "worker", "lease_expires_at",
-]  # fmt: skip
-_SPAN_ATTNAMES = [name + "_id" if name == "run" else name for name in _SPAN_COLUMNS]
 
 
 def _leased_row(
@@ -271,21 +233,16 @@ def _leased_end(
     record = write.record
     row = _leased_row(write, record, attributes, payloads)
     row.pk = write.handle.pk
-    updated = row_update(
-        Span,
-        row.pk,
-        {
-            "name": row.name,
-            "kind": row.kind,
-            "status": row.status,
-            "status_message": row.status_message,
-            "ended_at": row.ended_at,
-            "attributes": attributes,
-            "payloads": payloads,
-            "events": row.events,
-            "lease_expires_at": None,
-        },
-        where={"status": Span.Status.RUNNING},
+    updated = Span.objects.filter(pk=row.pk, status=Span.Status.RUNNING).update(
+        name=row.name,
+        kind=row.kind,
+        status=row.status,
+        status_message=row.status_message,
+        ended_at=row.ended_at,
+        attributes=attributes,
+        payloads=payloads,
+        events=row.events,
+        lease_expires_at=None,
     )
     if updated:
         return row

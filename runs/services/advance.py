@@ -14,7 +14,6 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -22,7 +21,7 @@ from typing import Any, NoReturn
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.policy import RULES_READ, policy_rules_select
+from approvals.policy import RULES_READ, policy_rules_for
 from approvals.services import (
     approval_covers_problem,
     approval_edit_note,
@@ -38,15 +37,7 @@ from budgets.extensions import (
 from budgets.ledger import BudgetRefusal
 from budgets.services import stop_reason_for
 from controlplane import metrics
-from controlplane.rows import (
-    EncodedJSON,
-    Statement,
-    instances_insert_prepare,
-    instances_select,
-    row_update_statement,
-    statements_run,
-)
-from controlplane.transactions import recoverable_transaction
+from controlplane.durability import recoverable_transaction
 from runs.engine.actions import (
     FinalAnswer,
     InvalidReply,
@@ -97,13 +88,11 @@ from runs.services.dispatch import step_dispatch_on_commit
 from runs.services.lease_renewal import lease_renewer
 from runs.services.lifecycle import (
     LeaseLost,
-    RunSave,
     counters_from_state,
     lease_acquire,
     lease_release,
     run_finish_fields,
     run_save,
-    run_save_prepare,
 )
 from runs.services.policy import tenant_policy
 from runs.services.spend import (
@@ -147,6 +136,22 @@ class StepEnded(Exception):
         self.outcome = outcome
 
 
+@dataclass(frozen=True)
+class ResultWrite:
+    """A call's result as recorded in the transcript, for its row."""
+
+    row_id: Any
+    fields: dict[str, Any]
+
+    def save(self) -> None:
+        # A final row keeps its result: a replay writes the same, and a worker
+        # that lost the lease meanwhile must not overwrite what the new holder
+        # decided.
+        ToolCallRow.objects.filter(id=self.row_id).exclude(
+            status__in=FINAL_CALL_STATUSES
+        ).update(**self.fields)
+
+
 @dataclass
 class StepContext:
     run: Run
@@ -156,45 +161,26 @@ class StepContext:
     base_wall_seconds: float
     # Results recorded in the transcript, to be stored on their rows by the
     # step's next write (see `_record`).
-    unsaved_results: list[Statement] = field(default_factory=list)
+    unsaved_results: list[ResultWrite] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return self.base_wall_seconds + time.monotonic() - self.started
 
     def save_results(self) -> None:
         writes, self.unsaved_results = self.unsaved_results, []
-        statements_run(writes)
-
-    def checkpoint_prepare(self, **changes: Any) -> Checkpoint:
-        """The checkpoint's writes with their values converted (the engine state
-        encoded as it is now): prepared before the transaction that runs them."""
-        self.state.usage = self.state.usage.with_wall_seconds(self.elapsed())
-        results, self.unsaved_results = self.unsaved_results, []
-        state = self.state.to_dict(copy=False)
-        save = run_save_prepare(
-            self.run,
-            engine_state=EncodedJSON(state, self.state.to_json(state)),  # encoded here
-            **counters_from_state(self.state),
-            **changes,
-        )
-        return Checkpoint(results, save)
+        for write in writes:
+            write.save()
 
     def checkpoint(self, **changes: Any) -> None:
         """Persist the results, engine state and counters (CAS as the lease holder)."""
-        self.checkpoint_prepare(**changes).execute()
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A step's checkpoint, prepared: its recorded results, then the run's row."""
-
-    results: list[Statement]
-    save: RunSave
-
-    def execute(self, first: Sequence[Statement] = ()) -> None:
-        """Run `first`, then the checkpoint (on PostgreSQL in one round trip)."""
-        changed = statements_run([*first, *self.results, self.save.statement])
-        self.save.settle(changed[-1])
+        self.state.usage = self.state.usage.with_wall_seconds(self.elapsed())
+        self.save_results()
+        run_save(
+            self.run,
+            engine_state=self.state.to_dict(copy=False),
+            **counters_from_state(self.state),
+            **changes,
+        )
 
 
 def run_advance(
@@ -381,17 +367,13 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
                     effect=str(tool.contract.effective_effect) if tool else "",
                 )
             )
-    # Built before the transaction (on SQLite it holds the one write lock).
-    step_insert = instances_insert_prepare([step])
-    calls_insert = instances_insert_prepare(rows, late=["step"])
-    checkpoint = ctx.checkpoint_prepare()
     with recoverable_transaction():  # lost in a database crash: the step re-runs
-        step_insert.execute()
+        step.save(force_insert=True)
         for row in rows:
             row.step = step  # its key is known now
         # The assistant's action is on record before any tool runs.
-        checkpoint.execute(first=calls_insert.ready())
-        calls_insert.saved()
+        ToolCallRow.objects.bulk_create(rows)
+        ctx.checkpoint()
     failpoint("after_action_persisted")
     return step, action, rows
 
@@ -697,13 +679,7 @@ def _record(
         "started_at": row.started_at,
         "finished_at": timezone.now(),
     }
-    # A final row keeps its result: a replay writes the same, and a worker that
-    # lost the lease meanwhile must not overwrite what the new holder decided.
-    ctx.unsaved_results.append(
-        row_update_statement(
-            ToolCallRow, row.id, fields, where_not_in={"status": FINAL_CALL_STATUSES}
-        )
-    )
+    ctx.unsaved_results.append(ResultWrite(row.id, fields))
     row.status = status
     row.result = result.to_dict()
     metrics.tool_call_ended(
@@ -724,14 +700,13 @@ def _after_calls(ctx: StepContext, step: Step, rows: list[ToolCallRow]) -> None:
 def _read_before_call(ctx: StepContext, *, policy_rules: bool) -> list[Any] | None:
     """Read now, not from the run the step holds: an operator may have asked to
     cancel, or changed the tenant's approval rules. With `policy_rules` (and the
-    tenant's policy as the hook) the rules come in the same round trip."""
-    reads = [instances_select(Run, {"id": ctx.run.id}, only=["cancel_requested"])]
-    if policy_rules and ctx.runtime.policy is tenant_policy:
-        reads.append(policy_rules_select(ctx.run.tenant_id))
-    fresh, *rules = statements_run(reads)
-    if fresh and fresh[0].cancel_requested:
+    tenant's policy as the hook) the rules are read here, for the gate."""
+    cancel = Run.objects.filter(id=ctx.run.id).values_list("cancel_requested")
+    if cancel.first() == (True,):
         _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
-    return rules[0] if rules else None
+    if policy_rules and ctx.runtime.policy is tenant_policy:
+        return policy_rules_for(ctx.run.tenant_id)
+    return None
 
 
 def _finish(
@@ -814,23 +789,21 @@ def _finish_budget_refused(ctx: StepContext, refusal: BudgetRefusal) -> None:
 
 def _continue(ctx: StepContext, spans: ExitStack, batch: SpanBatch) -> None:
     """Release the lease and enqueue the next step in one commit, which also
-    stores the step's last span records (before the next step's can start).
-    The step span ends and its records are prepared before that transaction:
-    on SQLite it holds the one write lock every worker waits for."""
+    stores the step's last span records (before the next step's can start)."""
     # The step span's end reports the run's counters as the checkpoint writes them.
     for name, value in counters_from_state(ctx.state).items():
         setattr(ctx.run, name, value)
     spans.close()
+    # Taken from the batch now, so that a rolled-back commit can store them again.
     prepared = batch.prepare()
-    checkpoint = ctx.checkpoint_prepare(
-        lease_owner="",
-        lease_expires_at=None,
-        step_token=uuid.uuid4(),
-        enqueued_at=timezone.now(),
-    )
     try:
         with recoverable_transaction():  # lost: recovery enqueues the step again
-            checkpoint.execute()
+            ctx.checkpoint(
+                lease_owner="",
+                lease_expires_at=None,
+                step_token=uuid.uuid4(),
+                enqueued_at=timezone.now(),
+            )
             # Its commit hook runs first: the next step is enqueued before the
             # span events are handed to the broadcast thread, which would
             # compete with the enqueue for the interpreter.

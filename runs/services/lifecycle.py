@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from django.conf import settings
@@ -17,20 +16,13 @@ from django.utils import timezone
 from approvals.services import approval_requests_cancel_for_run
 from budgets.ledger import budget_release_for_run
 from budgets.models import Budget
-from budgets.prices import PriceLookup, model_price_of, model_price_select
-from budgets.selectors import budget_select
+from budgets.prices import PriceLookup, model_price_for
+from budgets.selectors import budget_of
 from budgets.services import tenant_run_ceiling
 from controlplane import metrics
+from controlplane.durability import recoverable_transaction
 from controlplane.models import Tenant
-from controlplane.rows import (
-    ColumnOf,
-    Statement,
-    instances_select,
-    instances_where,
-    row_update_statement,
-)
 from controlplane.services import audit_record
-from controlplane.transactions import recoverable_write
 from runs.engine.loop import AgentConfig, EngineState
 from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason
@@ -142,7 +134,7 @@ def lease_acquire(
     A delivery whose token is stale, a run already finished or waiting, or a lease
     held (and not expired) by another delivery: nothing happens.
     """
-    run = next(iter(instances_where(Run, {"id": run_id})), None)
+    run = Run.objects.select_related("agent").filter(id=run_id).first()
     if run is None or str(run.step_token) != step_token:
         return None
     if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
@@ -164,74 +156,36 @@ def lease_acquire(
         changes["status"] = Run.Status.RUNNING
     if run.started_at is None:
         changes["started_at"] = now
-    # Built before the transaction (on SQLite it holds the one write lock).
-    take = row_update_statement(Run, run.id, changes, where={"version": run.version})
-    # Lost in a database crash: taken again. The run's agent, its tenant's
-    # budget and the price of the agent's model are read with it (in its round
-    # trip on PostgreSQL).
-    won, agents, budgets, prices = recoverable_write(
-        take,
-        instances_select(Agent, {"id": run.agent_id}),
-        budget_select(run.tenant_id),
-        model_price_select(
-            model=ColumnOf(Agent, "model", run.agent_id), tenant_id=run.tenant_id
-        ),
-    )
+    with recoverable_transaction():  # lost in a database crash: taken again
+        won = Run.objects.filter(id=run.id, version=run.version).update(**changes)
     if not won:
         return None
     taken_over = bool(run.lease_owner)
     for name, value in changes.items():
         setattr(run, name, value)
-    run.agent = agents[0]
-    price = model_price_of(prices, model=run.agent.model)
-    return Lease(run, taken_over, budgets[0] if budgets else None, price)
+    price = model_price_for(model=run.agent.model, tenant_id=run.tenant_id)
+    return Lease(run, taken_over, budget_of(run.tenant_id), price)
 
 
 class LeaseLost(Exception):
     """Another writer took the run; this step stops before writing anything more."""
 
 
-@dataclass(frozen=True)
-class RunSave:
-    """A write of run fields as the lease holder, its statement prepared (values
-    converted, the engine state encoded) before the transaction that runs it."""
-
-    run: Run
-    changes: dict[str, Any]
-    statement: Statement
-
-    def execute(self) -> None:
-        """Run it (compare-and-set on version); raises LeaseLost."""
-        self.settle(self.statement.run())
-
-    def settle(self, changed: int) -> None:
-        """After its statement ran, changing `changed` rows: raises LeaseLost."""
-        if not changed:
-            raise LeaseLost(str(self.run.id))
-        for name, value in self.changes.items():
-            setattr(self.run, name, value)
-
-
-def run_save_prepare(run: Run, **changes: Any) -> RunSave:
-    """The write `run_save` makes; the run must not change before it runs."""
+def run_save(run: Run, **changes: Any) -> None:
+    """Write run fields as the lease holder (CAS on version); raises LeaseLost."""
     changes["version"] = run.version + 1
     changes.setdefault(
         "lease_expires_at",
         timezone.now() + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
     )
     changes["updated_at"] = timezone.now()
-    statement = row_update_statement(
-        Run,
-        run.id,
-        changes,
-        where={"version": run.version, "lease_owner": run.lease_owner},
-    )
-    return RunSave(run, changes, statement)
-
-
-def run_save(run: Run, **changes: Any) -> None:
-    """Write run fields as the lease holder (CAS on version); raises LeaseLost."""
-    run_save_prepare(run, **changes).execute()
+    changed = Run.objects.filter(
+        id=run.id, version=run.version, lease_owner=run.lease_owner
+    ).update(**changes)
+    if not changed:
+        raise LeaseLost(str(run.id))
+    for name, value in changes.items():
+        setattr(run, name, value)
 
 
 def lease_release(run: Run) -> None:

@@ -22,7 +22,7 @@ from approvals.policy import (
     RULE_PREFIX,
     RULES_READ,
     eligible_approvers,
-    policy_rules_select,
+    policy_rules_for,
     rule_matches,
 )
 from approvals.services import approval_run_scope_grant
@@ -66,7 +66,7 @@ def tenant_policy(
     tenant's rules that matches decides, else the defaults."""
     rules = context.attributes.get(RULES_READ)
     if rules is None:
-        rules = policy_rules_select(context.tenant_id).run()
+        rules = policy_rules_for(context.tenant_id)
     for rule in rules:
         if not rule_matches(rule, contract, arguments):
             continue

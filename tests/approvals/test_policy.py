@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from approvals.models import ApprovalPolicyRule
-from approvals.policy import RULES_READ, policy_rules_select
+from approvals.policy import RULES_READ, policy_rules_for
 from controlplane.services import membership_set
 from runs.engine.actions import ToolCall
 from runs.engine.contracts import Effect, ToolContract, ToolSource
@@ -53,7 +53,7 @@ def test_a_tenant_nobody_may_approve_in_denies_side_effects(tenant, viewer_user)
 
 def test_rules_the_host_read_already_are_not_read_again(tenant, operator_user):
     rule(tenant, tool="lookup_*", action=ApprovalPolicyRule.Action.DENY)
-    rules = policy_rules_select(str(tenant.id)).run()
+    rules = policy_rules_for(str(tenant.id))
     context = PolicyContext(
         run_id=ctx(tenant).run_id,
         tenant_id=str(tenant.id),
