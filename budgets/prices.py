@@ -7,9 +7,9 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 
 from budgets.models import ModelPriceEntry
-from controlplane.rows import ColumnOf, OrNull, Select, instances_select
 from runs.engine.budget import ModelPrice
 
 
@@ -26,21 +26,11 @@ def model_price_for(*, model: str, tenant_id: Any) -> PriceLookup:
     An unknown price counts tokens at zero cost; whether the run may go on is
     decided at reservation time (the cost cannot be bounded).
     """
-    return model_price_of(
-        model_price_select(model=model, tenant_id=tenant_id).run(), model=model
+    rows = list(
+        ModelPriceEntry.objects.filter(
+            Q(tenant_id=tenant_id) | Q(tenant__isnull=True), model=model
+        )
     )
-
-
-def model_price_select(*, model: str | ColumnOf, tenant_id: Any) -> Select:
-    """`model_price_for`'s query, to run with others; `model` may be read by it
-    (the model an agent names: `ColumnOf(Agent, "model", agent_id)`)."""
-    return instances_select(
-        ModelPriceEntry, {"tenant": OrNull(tenant_id), "model": model}
-    )
-
-
-def model_price_of(rows: list[ModelPriceEntry], *, model: str) -> PriceLookup:
-    """`model_price_for` from what `model_price_select` found."""
     row = next((r for r in rows if r.tenant_id is not None), None) or next(
         iter(rows), None
     )

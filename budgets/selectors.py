@@ -11,7 +11,6 @@ from django.db.models import F, Sum
 from budgets.ledger import window_filter
 from budgets.models import PERIOD_DIMENSIONS, Budget, BudgetCounter, BudgetGrant
 from controlplane.models import Tenant
-from controlplane.rows import Select, instances_select
 
 _MICRO = Decimal("0.000001")
 
@@ -70,9 +69,3 @@ def budget_of(tenant: Tenant | Any) -> Budget | None:
     """The tenant's budget, or None (nothing is limited)."""
     tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
     return Budget.objects.filter(tenant_id=tenant_id).first()
-
-
-def budget_select(tenant: Tenant | Any) -> Select:
-    """`budget_of`'s query, to run with others: the budget, or nothing."""
-    tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
-    return instances_select(Budget, {"tenant": tenant_id}, limit=1)

@@ -63,20 +63,9 @@ def _database(url: str) -> dict[str, Any]:
             "NAME": str(BASE_DIR / ".run" / f"test-db-{os.getpid()}.sqlite3")
         }
     elif config["ENGINE"] == "django.db.backends.postgresql":
-        # The step's hot path asks for prepared statements (controlplane.rows),
-        # which psycopg refuses while the threshold is None (Django's default);
-        # Django's own cursors never prepare. Off for poolers that cannot hold them.
-        prepared = env.boolean(
-            "DATABASE_PREPARED_STATEMENTS",
-            True,
-            help="PostgreSQL: prepare the step's statements once per connection "
-            "(false behind a pooler in transaction mode without prepared-statement "
-            "support).",
-        )
         options = config.setdefault("OPTIONS", {})
-        options["prepare_threshold"] = 5 if prepared else None
-        # Pooled connections are returned, not kept (Django requires 0); each
-        # keeps its prepared statements in the pool. No minimum: a process
+        # Pooled connections are returned, not kept (Django requires 0). No
+        # minimum: a process
         # opens what its threads use at once (a worker process: one, which it
         # gets back task after task), and an idle one closes after 10 minutes.
         config["CONN_MAX_AGE"] = 0

@@ -63,17 +63,6 @@ def test_unreachable_redis_is_reported_with_a_hint():
     assert "HINT" in result.stderr
 
 
-def test_prepared_statements_are_on_for_postgresql_unless_turned_off(monkeypatch):
-    from controlplane.settings import database as settings
-
-    url = "postgres://app@db.internal:5432/controlplane"
-    assert settings._database(url)["OPTIONS"]["prepare_threshold"] == 5
-    monkeypatch.setenv("DATABASE_PREPARED_STATEMENTS", "false")  # behind a pooler
-    assert settings._database(url)["OPTIONS"]["prepare_threshold"] is None
-    sqlite = settings._database("sqlite:////tmp/x.sqlite3")["OPTIONS"]
-    assert "prepare_threshold" not in sqlite
-
-
 def test_a_model_deadline_not_below_the_lease_is_a_warning_with_a_hint():
     result = run_check(RUN_LEASE_SECONDS="30", RUN_MODEL_DEADLINE_SECONDS="45")
     assert result.returncode == 0, result.stderr

@@ -74,26 +74,20 @@ def test_a_write_transaction_holds_the_writer_lock_until_its_commit(
     assert not sqlite._writer_held
 
 
-def test_hot_path_writes_outside_a_transaction_queue_for_the_writer_lock(
+def test_writes_outside_a_transaction_queue_for_the_writer_lock(
     sqlite: Any,
 ) -> None:
-    """`statements_run` bypasses Django's cursors on SQLite; a write of its own
-    still takes the writer lock while it runs and its returned keys are read
-    (an INSERT … RETURNING commits when its last row is read), a read does not."""
-    from controlplane.rows import Statement, _on_sqlite
-
+    """A write of its own (autocommit) takes the writer lock while it runs, a
+    read does not."""
     held: list[tuple[str, bool]] = []
     sqlite.ensure_connection()
     sqlite.connection.set_trace_callback(
         lambda sql: held.append((sql.split()[0], sqlite._writer_held))
     )
-    keys, changed, _ = _on_sqlite(sqlite, [
-        Statement("INSERT INTO item (n) VALUES (%s), (%s) RETURNING id", [1, 2],
-                  returns=True),
-        Statement("UPDATE item SET n = %s WHERE n = %s", [3, 2]),
-        Statement("SELECT n FROM item", []),
-    ])  # fmt: skip
-    assert len(keys) == 2 and changed == 1
+    with sqlite.cursor() as cursor:
+        cursor.execute("INSERT INTO item (n) VALUES (%s), (%s)", [1, 2])
+        cursor.execute("UPDATE item SET n = %s WHERE n = %s", [3, 2])
+        cursor.execute("SELECT n FROM item")
     assert held == [("INSERT", True), ("UPDATE", True), ("SELECT", False)]
     assert not sqlite._writer_held
     with sqlite.cursor() as cursor:
