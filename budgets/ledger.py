@@ -1,12 +1,16 @@
 """The budget ledger: reserve before spending, settle after, release the rest.
 
 Enforcement is atomic, and no interleaving of writers overspends a limit. The
-ledger allocates budget the way a shop allocates stock: the tenant's `Budget`
-row is the lock (`select_for_update`) every reservation of the tenant queues
-on; under it the window's counters are read and checked against the limits as
-they are now (an edit takes the same lock), and the current buckets grow by
-`F()` updates in the transaction that inserts the ledger row. A refusal names
-the dimension and changes nothing.
+ledger allocates budget the way a shop allocates stock, with the ORM:
+
+- Calendar mode, when the reservation fits: the ledger row is inserted and each
+  current counter grows by a conditional `F()` update (`used + reserved + x <=
+  limit`, checked by the database on the row it locks), then the transaction
+  commits. A counter row is held for the rest of that transaction alone.
+- Otherwise (it does not fit, rolling windows, grants): the tenant's `Budget`
+  row is locked (`select_for_update`), then the window's counters in id order;
+  the totals are checked against the limits read under the lock (an edit takes
+  the same lock), and the refusal names the exact dimension and changes nothing.
 
 Periods. Calendar mode counts the UTC day and the UTC month, one counter row
 each. Rolling mode has hour buckets (summed over the last 24 hours) and day
@@ -32,6 +36,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F, Q, Value
+from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
 from budgets.models import (
@@ -210,8 +215,70 @@ def _reserve(
     now: dt.datetime,
     funding: list[dict[str, Any]],
 ) -> BudgetLedgerEntry | BudgetRefusal:
-    """Under the budget row's lock: check every period's window against the
-    limits read under it, then grow the current buckets and insert the entry."""
+    limits = (
+        Budget.objects.filter(id=budget.id)
+        .values_list("period_limits", "period_mode")
+        .first()
+    )
+    period_limits, mode = limits if limits is not None else ({}, budget.period_mode)
+    if mode == Budget.PeriodMode.CALENDAR and not funding:
+        entry = _reserve_conditional(budget, amounts, fields, now, period_limits)
+        if entry is not None:
+            return entry
+    return _reserve_locked(budget, amounts, fields, now, funding)
+
+
+def _reserve_conditional(
+    budget: Budget,
+    amounts: Amounts,
+    fields: dict[str, Any],
+    now: dt.datetime,
+    period_limits: dict[str, Any],
+) -> BudgetLedgerEntry | None:
+    """Calendar mode, the common case: the ledger row is inserted, then each
+    current counter grows by a conditional `F()` update (`used + reserved + x <=
+    limit` per limited dimension, which the database checks on the row it has
+    locked), in counter id order, and the transaction commits: a counter row is
+    held for the rest of the transaction alone, not for a read and a check.
+    None if a counter would cross its limit: the locked path decides then."""
+    mode = Budget.PeriodMode.CALENDAR
+    current, _totals_now = _window_counters(budget.tenant_id, mode, now, lock=False)
+    increments = {
+        f"reserved_{name}": F(f"reserved_{name}") + Value(amounts.get(name))
+        for name in PERIOD_DIMENSIONS
+        if amounts.get(name)
+    }
+    with transaction.atomic():
+        entry = BudgetLedgerEntry.objects.create(
+            counter_ids=[current[p] for p in PERIODS], **fields
+        )
+        for period in sorted(PERIODS, key=current.__getitem__):
+            room = Q(id=current[period])
+            for name, limit in _limits_from(period_limits, period).items():
+                if amounts.get(name) > 0:
+                    used = F(f"used_{name}") + F(f"reserved_{name}")
+                    room &= Q(
+                        LessThanOrEqual(used + Value(amounts.get(name)), Value(limit))
+                    )
+            if increments and not BudgetCounter.objects.filter(room).update(
+                **increments
+            ):
+                transaction.set_rollback(True)
+                return None
+    return entry
+
+
+def _reserve_locked(
+    budget: Budget,
+    amounts: Amounts,
+    fields: dict[str, Any],
+    now: dt.datetime,
+    funding: list[dict[str, Any]],
+) -> BudgetLedgerEntry | BudgetRefusal:
+    """The budget row locked (`select_for_update`), then the window's counters
+    (in id order): check every period's window against the limits read under
+    the lock, then grow the current buckets and insert the entry. Rolling mode,
+    grants, and every calendar reservation that did not fit at once."""
     with transaction.atomic():
         locked = (
             Budget.objects.select_for_update()
@@ -220,7 +287,7 @@ def _reserve(
             .first()
         )
         period_limits, mode = locked if locked is not None else ({}, budget.period_mode)
-        current, totals = _window_counters(budget.tenant_id, mode, now)
+        current, totals = _window_counters(budget.tenant_id, mode, now, lock=True)
         for period in PERIODS:
             refusal = _over_limit(
                 period, _limits_from(period_limits, period), totals[period],
@@ -249,16 +316,20 @@ def _reserve(
 
 
 def _window_counters(
-    tenant_id: Any, mode: str, now: dt.datetime
+    tenant_id: Any, mode: str, now: dt.datetime, *, lock: bool
 ) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
     """The current bucket's counter id per period (created if missing) and the
-    used + reserved totals of each period's window, in one read."""
+    used + reserved totals of each period's window, in one read (`lock`: the
+    rows locked in id order, the one lock order of every ledger write)."""
     starts = {period: bucket_start(mode, period, now) for period in PERIODS}
     windows = Q()
     for period in PERIODS:
         windows |= window_filter(mode, period, now)
     for _attempt in range(2):
-        rows = list(BudgetCounter.objects.filter(windows, tenant_id=tenant_id))
+        found = BudgetCounter.objects.filter(windows, tenant_id=tenant_id)
+        if lock:
+            found = found.select_for_update().order_by("id")
+        rows = list(found)
         current = {
             row.period: row.id for row in rows if row.bucket_start == starts[row.period]
         }
@@ -269,8 +340,7 @@ def _window_counters(
                 for period in PERIODS
             }
             return current, totals
-        # A new bucket: created at most once (the budget lock orders its writers;
-        # without a budget row, the unique constraint does).
+        # A new bucket: made once (the unique constraint), then read again.
         BudgetCounter.objects.bulk_create(
             [
                 BudgetCounter(tenant_id=tenant_id, period=p, bucket_start=starts[p])
@@ -284,17 +354,14 @@ def _window_counters(
 def _counters_add(
     counter_ids: dict[str, int], deltas: dict[str, dict[str, Any]]
 ) -> None:
-    """Add each period's deltas to its counter by `F()` updates; periods with the
-    same deltas in one statement (it locks the rows in id order)."""
-    groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
-    for period in PERIODS:
-        changes = tuple(sorted((k, v) for k, v in deltas[period].items() if v))
+    """Add each period's deltas to its counter by an `F()` update, one counter
+    at a time in id order (the one lock order: no deadlock between writers)."""
+    for period in sorted(counter_ids, key=counter_ids.__getitem__):
+        changes = {k: v for k, v in deltas[period].items() if v}
         if changes:
-            groups.setdefault(changes, []).append(counter_ids[period])
-    for changes, ids in groups.items():
-        BudgetCounter.objects.filter(id__in=sorted(ids)).update(
-            **{field: F(field) + Value(delta) for field, delta in changes}
-        )
+            BudgetCounter.objects.filter(id=counter_ids[period]).update(
+                **{field: F(field) + Value(delta) for field, delta in changes.items()}
+            )
 
 
 def _charge_grants(
@@ -394,7 +461,7 @@ def _settle(entry: BudgetLedgerEntry, actual: Amounts, status: str) -> bool:
                 deltas[period][f"used_{name}"] = actual.get(name)
                 if won:
                     deltas[period][f"reserved_{name}"] = -reserved.get(name)
-        _counters_add(counters, {p: deltas.get(p, {}) for p in PERIODS})
+        _counters_add(counters, deltas)
         for part in funding:  # after the counters: one lock order everywhere
             name = part["dimension"]
             grant_changes: dict[str, Any] = {
