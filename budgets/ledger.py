@@ -1,13 +1,12 @@
 """The budget ledger: reserve before spending, settle after, release the rest.
 
 Enforcement is atomic, and no interleaving of writers overspends a limit. The
-ledger allocates budget the way a shop allocates stock, with the ORM:
+ledger allocates budget the way a shop allocates stock, with row locks:
 
-- Calendar mode, when the reservation fits: the ledger row is inserted and each
-  current counter grows by a conditional `F()` update (`used + reserved + x <=
-  limit`, checked by the database on the row it locks), then the transaction
-  commits. A counter row is held for the rest of that transaction alone.
-- Otherwise (it does not fit, rolling windows, grants): the tenant's `Budget`
+- Calendar mode on PostgreSQL, when the reservation fits: one statement locks
+  the day and the month counter, checks, grows them and inserts the ledger row
+  (budgets/ledger_sql.py, with the benchmark figure that keeps it).
+- Otherwise (it does not fit, rolling windows, grants, SQLite): the `Budget`
   row is locked (`select_for_update`), then the window's counters in id order;
   the totals are checked against the limits read under the lock (an edit takes
   the same lock), and the refusal names the exact dimension and changes nothing.
@@ -18,8 +17,9 @@ buckets (summed over 30 days); the current buckets grow.
 
 Settling and releasing take no budget lock: the ledger row's compare-and-set
 (`reserved` to `settled` or `released`) decides who gives the reservation back,
-and the counters move by `F()` updates (the ledger row first, then the counters
-in id order, as a reservation locks them: one lock order everywhere).
+and the counters move (the ledger row first, then the counters in id order, as
+a reservation locks them: one lock order everywhere); on PostgreSQL one
+statement does it (ledger_sql), else `F()` updates.
 
 Grants. A run's approved extension of a period limit is its own row
 (`BudgetGrant`): once the tenant's limit refuses the run, the granted dimension
@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q, Value
-from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
+from budgets import ledger_sql
 from budgets.models import (
     PERIOD_DIMENSIONS,
     PERIODS,
@@ -221,51 +221,18 @@ def _reserve(
         .first()
     )
     period_limits, mode = limits if limits is not None else ({}, budget.period_mode)
-    if mode == Budget.PeriodMode.CALENDAR and not funding:
-        entry = _reserve_conditional(budget, amounts, fields, now, period_limits)
-        if entry is not None:
+    if (
+        mode == Budget.PeriodMode.CALENDAR
+        and not funding
+        and connection.vendor == "postgresql"
+    ):
+        current, _ = _window_counters(budget.tenant_id, mode, now, lock=False)
+        entry = BudgetLedgerEntry(counter_ids=[current[p] for p in PERIODS], **fields)
+        by_period = {p: _limits_from(period_limits, p) for p in PERIODS}
+        if ledger_sql.reserve(entry=entry, amounts=amounts, period_limits=by_period):
+            entry._state.adding = False
             return entry
     return _reserve_locked(budget, amounts, fields, now, funding)
-
-
-def _reserve_conditional(
-    budget: Budget,
-    amounts: Amounts,
-    fields: dict[str, Any],
-    now: dt.datetime,
-    period_limits: dict[str, Any],
-) -> BudgetLedgerEntry | None:
-    """Calendar mode, the common case: the ledger row is inserted, then each
-    current counter grows by a conditional `F()` update (`used + reserved + x <=
-    limit` per limited dimension, which the database checks on the row it has
-    locked), in counter id order, and the transaction commits: a counter row is
-    held for the rest of the transaction alone, not for a read and a check.
-    None if a counter would cross its limit: the locked path decides then."""
-    mode = Budget.PeriodMode.CALENDAR
-    current, _totals_now = _window_counters(budget.tenant_id, mode, now, lock=False)
-    increments = {
-        f"reserved_{name}": F(f"reserved_{name}") + Value(amounts.get(name))
-        for name in PERIOD_DIMENSIONS
-        if amounts.get(name)
-    }
-    with transaction.atomic():
-        entry = BudgetLedgerEntry.objects.create(
-            counter_ids=[current[p] for p in PERIODS], **fields
-        )
-        for period in sorted(PERIODS, key=current.__getitem__):
-            room = Q(id=current[period])
-            for name, limit in _limits_from(period_limits, period).items():
-                if amounts.get(name) > 0:
-                    used = F(f"used_{name}") + F(f"reserved_{name}")
-                    room &= Q(
-                        LessThanOrEqual(used + Value(amounts.get(name)), Value(limit))
-                    )
-            if increments and not BudgetCounter.objects.filter(room).update(
-                **increments
-            ):
-                transaction.set_rollback(True)
-                return None
-    return entry
 
 
 def _reserve_locked(
@@ -278,7 +245,7 @@ def _reserve_locked(
     """The budget row locked (`select_for_update`), then the window's counters
     (in id order): check every period's window against the limits read under
     the lock, then grow the current buckets and insert the entry. Rolling mode,
-    grants, and every calendar reservation that did not fit at once."""
+    grants, SQLite, and every calendar reservation that did not fit at once."""
     with transaction.atomic():
         locked = (
             Budget.objects.select_for_update()
@@ -442,6 +409,14 @@ def _settle(entry: BudgetLedgerEntry, actual: Amounts, status: str) -> bool:
     only by the call that won the compare-and-set."""
     reserved = Amounts.from_dict(entry.reserved)
     funding = list(entry.funding or [])
+    if (
+        connection.vendor == "postgresql"
+        and not funding
+        and len(entry.counter_ids) == len(PERIODS)
+    ):
+        return ledger_sql.settle(
+            entry=entry, actual=actual, reserved=reserved, status=status
+        )
     with transaction.atomic():
         won = BudgetLedgerEntry.objects.filter(
             id=entry.id, status=BudgetLedgerEntry.Status.RESERVED
