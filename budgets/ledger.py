@@ -215,22 +215,19 @@ def _reserve(
     now: dt.datetime,
     funding: list[dict[str, Any]],
 ) -> BudgetLedgerEntry | BudgetRefusal:
-    limits = (
-        Budget.objects.filter(id=budget.id)
-        .values_list("period_limits", "period_mode")
-        .first()
-    )
-    period_limits, mode = limits if limits is not None else ({}, budget.period_mode)
     if (
-        mode == Budget.PeriodMode.CALENDAR
+        budget.period_mode == Budget.PeriodMode.CALENDAR
         and not funding
         and connection.vendor == "postgresql"
     ):
-        current, _ = _window_counters(budget.tenant_id, mode, now, lock=False)
-        entry = BudgetLedgerEntry(counter_ids=[current[p] for p in PERIODS], **fields)
-        by_period = {p: _limits_from(period_limits, p) for p in PERIODS}
-        if ledger_sql.reserve(entry=entry, amounts=amounts, period_limits=by_period):
-            entry._state.adding = False
+        entry = ledger_sql.reserve(
+            budget_id=budget.id,
+            fields=fields,
+            amounts=amounts,
+            day=bucket_start(budget.period_mode, "day", now),
+            month=bucket_start(budget.period_mode, "month", now),
+        )
+        if entry is not None:
             return entry
     return _reserve_locked(budget, amounts, fields, now, funding)
 
@@ -254,7 +251,7 @@ def _reserve_locked(
             .first()
         )
         period_limits, mode = locked if locked is not None else ({}, budget.period_mode)
-        current, totals = _window_counters(budget.tenant_id, mode, now, lock=True)
+        current, totals = _window_counters(budget.tenant_id, mode, now)
         for period in PERIODS:
             refusal = _over_limit(
                 period, _limits_from(period_limits, period), totals[period],
@@ -283,20 +280,21 @@ def _reserve_locked(
 
 
 def _window_counters(
-    tenant_id: Any, mode: str, now: dt.datetime, *, lock: bool
+    tenant_id: Any, mode: str, now: dt.datetime
 ) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
     """The current bucket's counter id per period (created if missing) and the
-    used + reserved totals of each period's window, in one read (`lock`: the
-    rows locked in id order, the one lock order of every ledger write)."""
+    used + reserved totals of each period's window, in one read that locks the
+    rows in id order (the one lock order of every ledger write)."""
     starts = {period: bucket_start(mode, period, now) for period in PERIODS}
     windows = Q()
     for period in PERIODS:
         windows |= window_filter(mode, period, now)
     for _attempt in range(2):
-        found = BudgetCounter.objects.filter(windows, tenant_id=tenant_id)
-        if lock:
-            found = found.select_for_update().order_by("id")
-        rows = list(found)
+        rows = list(
+            BudgetCounter.objects.select_for_update()
+            .filter(windows, tenant_id=tenant_id)
+            .order_by("id")
+        )
         current = {
             row.period: row.id for row in rows if row.bucket_start == starts[row.period]
         }

@@ -15,14 +15,15 @@ dimension, SQLite) goes through the ORM in budgets/ledger.py.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-from decimal import Decimal
 from typing import Any
 
 from django.db import connection
 
-from budgets.models import PERIOD_DIMENSIONS, PERIODS, BudgetCounter, BudgetLedgerEntry
+from budgets.models import PERIOD_DIMENSIONS, Budget, BudgetCounter, BudgetLedgerEntry
 
+_BUDGET = Budget._meta.db_table
 _COUNTER = BudgetCounter._meta.db_table
 _LEDGER = BudgetLedgerEntry._meta.db_table
 
@@ -32,26 +33,39 @@ def _cast(name: str) -> str:
 
 
 def _fits(period: str) -> str:
-    """The locked row has room for the amounts under the period's limits (a
-    NULL limit: none)."""
-    return " AND ".join(
-        f"(%(a_{n})s::{_cast(n)} = 0 OR %(l_{period}_{n})s::numeric IS NULL"
-        f" OR used_{n} + reserved_{n} + %(a_{n})s::{_cast(n)}"
-        f" <= %(l_{period}_{n})s::numeric)"
-        for n in PERIOD_DIMENSIONS
-    )
+    """The locked row has room for the amounts under the period's limit as the
+    budget row says now (no limit, or no budget: room)."""
+    conds = []
+    for n in PERIOD_DIMENSIONS:
+        limit = f"((SELECT pl FROM lim) -> '{period}' ->> '{n}')"
+        amount = f"%(a_{n})s::{_cast(n)}"
+        conds.append(
+            f"({amount} = 0 OR {limit} IS NULL"
+            f" OR used_{n} + reserved_{n} + {amount} <= {limit}::numeric)"
+        )
+    return " AND ".join(conds)
 
 
-# Reads (FOR UPDATE returns the rows as the last writer left them), checks and
-# grows both counters, and inserts the entry, or does none of it.
+# Finds and locks the current day and month counters (FOR UPDATE returns them as
+# the last writer left them), checks them against the limits, grows both and
+# inserts the entry, or does none of it (a missing counter or budget row, or a
+# budget no longer in calendar mode: none of it either).
 _RESERVE = f"""
-WITH locked AS (
+WITH lim AS (
+    SELECT period_limits AS pl FROM {_BUDGET}
+    WHERE id = %(budget)s::bigint AND period_mode = 'calendar'
+), locked AS (
     SELECT id, period, used_input_tokens, reserved_input_tokens, used_output_tokens,
            reserved_output_tokens, used_cost, reserved_cost, used_runs, reserved_runs
-    FROM {_COUNTER} WHERE id IN (%(c0)s::bigint, %(c1)s::bigint)
+    FROM {_COUNTER}
+    WHERE tenant_id = %(tenant)s::uuid
+      AND ((period = 'day' AND bucket_start = %(day)s::timestamptz)
+           OR (period = 'month' AND bucket_start = %(month)s::timestamptz))
     ORDER BY id FOR UPDATE
 ), fits AS (
-    SELECT count(*) = 2 AS ok FROM locked
+    SELECT count(*) = 2 AND EXISTS (SELECT 1 FROM lim) AS ok,
+           jsonb_agg(id ORDER BY period) AS ids
+    FROM locked
     WHERE CASE WHEN period = 'day' THEN {_fits("day")} ELSE {_fits("month")} END
 ), grown AS (
     UPDATE {_COUNTER} SET {
@@ -67,8 +81,9 @@ INSERT INTO {_LEDGER} (id, tenant_id, run_id, step_index, call_id, kind, status,
                        reserved, counter_ids, funding, created_at)
 SELECT %(id)s::uuid, %(tenant)s::uuid, %(run)s::uuid, %(step)s::integer,
        %(call)s::text, %(kind)s::text, 'reserved', %(reserved)s::jsonb,
-       %(counters)s::jsonb, '[]'::jsonb, now()
+       (SELECT ids FROM fits), '[]'::jsonb, now()
 WHERE (SELECT ok FROM fits)
+RETURNING counter_ids
 """
 
 # The ledger row's compare-and-set, then both counters: the use is added always,
@@ -101,23 +116,17 @@ def _amounts(prefix: str, amounts: Any) -> dict[str, Any]:
 
 def reserve(
     *,
-    entry: BudgetLedgerEntry,
+    budget_id: int,
+    fields: dict[str, Any],
     amounts: Any,
-    period_limits: dict[str, dict[str, Any]],
-) -> bool:
-    """Insert `entry` and grow its two counters if both have room; False (and
-    nothing written) if either has not."""
-    limits = {
-        f"l_{period}_{n}": (
-            None
-            if period_limits[period].get(n) is None
-            else Decimal(period_limits[period][n])
-        )
-        for period in PERIODS
-        for n in PERIOD_DIMENSIONS
-    }
-    c0, c1 = entry.counter_ids
+    day: dt.datetime,
+    month: dt.datetime,
+) -> BudgetLedgerEntry | None:
+    """The entry, reserved on the day (`day`) and month (`month`) counters; None
+    (and nothing written) if either has no room or is missing."""
+    entry = BudgetLedgerEntry(**fields)
     params = {
+        "budget": budget_id,
         "id": entry.id,
         "tenant": str(entry.tenant_id),
         "run": str(entry.run_id),
@@ -125,15 +134,21 @@ def reserve(
         "call": entry.call_id,
         "kind": entry.kind,
         "reserved": json.dumps(entry.reserved),
-        "counters": json.dumps(entry.counter_ids),
-        "c0": c0,
-        "c1": c1,
+        "day": day,
+        "month": month,
         **_amounts("a", amounts),
-        **limits,
     }
     with connection.cursor() as cursor:
         cursor.execute(_RESERVE, params)
-        return bool(cursor.rowcount == 1)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    counter_ids = row[0]
+    entry.counter_ids = (
+        json.loads(counter_ids) if isinstance(counter_ids, str) else counter_ids
+    )
+    entry._state.adding = False
+    return entry
 
 
 def settle(
