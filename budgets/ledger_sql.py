@@ -2,12 +2,14 @@
 
 Kept by the rule of issue 23 (a hand-written statement survives where a
 benchmark shows it buys at least 25% of its figure). `bench_budget`, 8 writers
-on one tenant, same session (2026-12-03, 2 busy CPUs): the ORM ledger alone did
-51 reserve+settle/s with a p99 of 415 ms; one statement per reservation and one
-per settlement did 827/s with a p99 of 26 ms. Each statement locks the day and
-the month counter (in id order, the ledger's one lock order), checks and writes
-on the server, and holds the rows for its own execution only; the ORM needs a
-client round trip per statement while it holds them.
+on one tenant, same session (2026-12-03, 2 busy CPUs): the ORM ledger alone
+(row locks and `F()` updates) did 51 reserve+settle/s, p99 415 ms, 4% of the
+plain single-row update's ops/s; with these two statements 194-260/s, p99
+60-103 ms, 13-22% of it. Each statement locks the day and the month counter (in
+id order, the ledger's one lock order), checks and writes on the server, so the
+rows are held for its own execution only; the ORM holds them across a client
+round trip per statement. No prepared-statement setting of its own: Django's
+connection options apply (DATABASE_PREPARED_STATEMENTS).
 
 Everything else (rolling windows, grants, a refusal that must name its
 dimension, SQLite) goes through the ORM in budgets/ledger.py.
