@@ -109,8 +109,9 @@ def measure(database_url: str) -> dict[str, Any]:
     from django.db import connection
     from django.db.models import F
 
-    from budgets.ledger import Amounts, budget_reserve, budget_settle
+    from budgets.ledger import budget_reserve, budget_settle
     from budgets.models import Budget, BudgetCounter, BudgetLedgerEntry
+    from budgets.periods import Amounts
     from controlplane.models import Tenant
 
     tenant = Tenant.objects.create(slug=f"bench-{uuid.uuid4().hex[:6]}", name="b")
@@ -182,7 +183,8 @@ def race(tenant_model: Any, budget_model: Any, entry_model: Any, counter: Any) -
     is up: no more than 50 may be granted, nor reserved beyond the limit."""
     import uuid
 
-    from budgets.ledger import Amounts, budget_reserve
+    from budgets.ledger import budget_reserve
+    from budgets.periods import Amounts
 
     tenant = tenant_model.objects.create(slug=f"race-{uuid.uuid4().hex[:6]}", name="r")
     limit = Decimal("0.01") * RACE_FITS

@@ -17,8 +17,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from budgets.ledger import BudgetRefusal, bucket_start
 from budgets.models import Budget, BudgetGrant
+from budgets.periods import BudgetRefusal, bucket_start
 from budgets.selectors import budget_of
 from budgets.services import EXTENDABLE_PERIOD_DIMENSIONS, INTEGER_STEPS
 from controlplane.models import Membership, Role

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.db.models import F, Sum
 
-from budgets.ledger import window_filter
 from budgets.models import PERIOD_DIMENSIONS, Budget, BudgetCounter, BudgetGrant
+from budgets.periods import window_filter
 from controlplane.models import Tenant
 
 _MICRO = Decimal("0.000001")

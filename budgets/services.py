@@ -14,8 +14,8 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from budgets.ledger import BudgetRefusal
 from budgets.models import PERIOD_DIMENSIONS, PERIODS, Budget
+from budgets.periods import BudgetRefusal
 from budgets.selectors import budget_of, window_usage
 from controlplane.models import Tenant
 from controlplane.services import audit_record

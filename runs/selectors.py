@@ -9,8 +9,8 @@ from typing import Any
 from django.db.models import Count, Prefetch, QuerySet, Sum
 from django.utils import timezone
 
-from budgets.ledger import bucket_start
 from budgets.models import PERIOD_DIMENSIONS, PERIODS, Budget
+from budgets.periods import bucket_start
 from budgets.selectors import budget_of
 from budgets.services import budget_usage
 from controlplane.models import Tenant

@@ -13,14 +13,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
 
-from budgets.ledger import (
-    Amounts,
-    BudgetRefusal,
-    budget_release_for_run,
-    budget_reserve,
-    budget_settle,
-)
+from budgets.ledger import budget_release_for_run, budget_reserve, budget_settle
 from budgets.models import Budget, BudgetLedgerEntry
+from budgets.periods import Amounts, BudgetRefusal
 from budgets.selectors import budget_of
 from budgets.services import budget_update
 from controlplane.models import Tenant

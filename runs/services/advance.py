@@ -34,7 +34,7 @@ from budgets.extensions import (
     budget_cap_extension_ask,
     budget_period_extension_ask,
 )
-from budgets.ledger import BudgetRefusal
+from budgets.periods import BudgetRefusal
 from budgets.services import stop_reason_for
 from controlplane import metrics
 from controlplane.durability import recoverable_transaction

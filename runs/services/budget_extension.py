@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from budgets.ledger import BudgetRefusal
+from budgets.periods import BudgetRefusal
 from budgets.services import stop_reason_for
 from runs.engine.loop import EngineState
 from runs.engine.step import close_open_calls

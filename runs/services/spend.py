@@ -13,13 +13,9 @@ from typing import Any
 from opentelemetry import trace
 
 from budgets.extensions import ExtensionAsk, limits_with_extensions
-from budgets.ledger import (
-    Amounts,
-    BudgetRefusal,
-    budget_reserve,
-    budget_settle,
-)
+from budgets.ledger import budget_reserve, budget_settle
 from budgets.models import PERIODS, Budget, BudgetLedgerEntry
+from budgets.periods import Amounts, BudgetRefusal
 from budgets.selectors import budget_of
 from budgets.services import UNKNOWN_PRICE
 from controlplane import metrics

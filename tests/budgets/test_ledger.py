@@ -11,14 +11,13 @@ import pytest
 from django.db import close_old_connections, connection
 
 from budgets.ledger import (
-    Amounts,
-    BudgetRefusal,
     budget_release,
     budget_release_for_run,
     budget_reserve,
     budget_settle,
 )
 from budgets.models import BudgetCounter, BudgetLedgerEntry
+from budgets.periods import Amounts, BudgetRefusal
 from budgets.selectors import window_totals
 from tests.budgets.conftest import counter_sums
 
