@@ -8,8 +8,8 @@ plain single-row update's ops/s; with these two statements 194-260/s, p99
 60-103 ms, 13-22% of it. Each statement locks the day and the month counter (in
 id order, the ledger's one lock order), checks and writes on the server, so the
 rows are held for its own execution only; the ORM holds them across a client
-round trip per statement. No prepared-statement setting of its own: Django's
-connection options apply (DATABASE_PREPARED_STATEMENTS).
+round trip per statement. They run on Django's own cursor, as any query: no
+cursor kept aside, nothing prepared, no connection setting changed.
 
 Everything else (rolling windows, grants, a refusal that must name its
 dimension, SQLite) goes through the ORM in budgets/ledger.py.
