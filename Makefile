@@ -43,4 +43,4 @@ soak: install-dev
 	$(PY) -m soak $(SOAK_ARGS)
 
 clean:
-	rm -rf .run db.sqlite3 db.sqlite3-wal db.sqlite3-shm db.sqlite3-writer.lock
+	rm -rf .run db.sqlite3 db.sqlite3-wal db.sqlite3-shm

@@ -49,9 +49,7 @@ def _database(url: str) -> dict[str, Any]:
         # Web, worker and beat share one file: WAL and immediate transactions turn
         # writer contention into short waits instead of "database is locked".
         # Connections persist like PostgreSQL's: opening one (pragmas, Django's
-        # SQL functions) cost a step more than its writes. Writers queue on a
-        # file lock rather than SQLite's sleep-and-retry (controlplane/db).
-        config["ENGINE"] = "controlplane.db"
+        # SQL functions) cost a step more than its writes.
         config["OPTIONS"] = {
             "timeout": 30,
             "transaction_mode": "IMMEDIATE",

@@ -1,1 +1,0 @@
-"""SQLite database backend with a writer queue (see base.py)."""
