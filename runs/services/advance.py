@@ -21,14 +21,13 @@ from typing import Any, NoReturn
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.policy import RULES_READ, policy_rules_for
-from approvals.services import (
+from approvals.checks import (
     approval_covers_problem,
     approval_edit_note,
     approval_outcome_for,
-    approval_request_open,
-    approval_request_open_budget,
 )
+from approvals.policy import RULES_READ, policy_rules_for
+from approvals.services import approval_request_open, approval_request_open_budget
 from budgets.extensions import (
     ExtensionAsk,
     budget_cap_extension_ask,

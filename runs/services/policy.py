@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 
+from approvals.checks import approval_run_scope_grant
 from approvals.models import DEFAULT_APPROVER_ROLES, ApprovalPolicyRule, ApprovalRequest
 from approvals.policy import (
     RULE_PREFIX,
@@ -25,7 +26,6 @@ from approvals.policy import (
     policy_rules_for,
     rule_matches,
 )
-from approvals.services import approval_run_scope_grant
 from runs.engine.contracts import ToolContract
 from runs.engine.policy import PolicyAction, PolicyContext, PolicyDecision
 from runs.models import Run
