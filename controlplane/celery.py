@@ -25,6 +25,8 @@ from celery.signals import (
 )
 from django.conf import settings
 
+from tracing.setup import configure_tracing
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 logger = logging.getLogger(__name__)
@@ -57,8 +59,6 @@ def _close_old_database_connections(**_: object) -> None:
 def _configure_tracing_after_fork(**_: object) -> None:
     # Span processors and exporters hold threads and connections that do not
     # survive a fork: each worker process sets up its own.
-    from tracing.setup import configure_tracing
-
     configure_tracing(force=True)
 
 

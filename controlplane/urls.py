@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from controlplane import api, audit_api, health, metrics, views
+from frontend import views as pages
 from runs import trace_api
 
 # Swagger UI comes from its CDN and keeps a small inline <style>; its own
@@ -20,7 +21,8 @@ api_docs = csp_update(
 )(SpectacularSwaggerSplitView.as_view(url_name="api-schema"))
 
 urlpatterns = [
-    path("", views.home, name="home"),
+    # The start page is the runs list, served at "/" too (no redirect hop).
+    path("", pages.runs_page, name="home"),
     path("healthz", health.healthz, name="healthz"),
     path("metrics", metrics.metrics_view, name="metrics"),
     path("livez", health.livez, name="livez"),

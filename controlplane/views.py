@@ -12,15 +12,6 @@ from controlplane.tenancy import SESSION_TENANT_KEY, tenant_context_for
 
 
 @login_required
-@declares(Action.PAGE_READ)  # runs_page asks the gate
-def home(request: HttpRequest) -> HttpResponse:
-    """The start page is the runs list (served here too, so "/" needs no hop)."""
-    from frontend.views import runs_page
-
-    return runs_page(request)
-
-
-@login_required
 @require_POST
 @declares(Action.TENANT_READ)
 def tenant_switch(request: HttpRequest) -> HttpResponse:

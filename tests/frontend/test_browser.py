@@ -272,6 +272,7 @@ def test_admin_edits_the_budget_with_server_validation_and_finds_it_in_the_audit
     tenant: Any, admin_user: Any, open_page: Any
 ) -> None:
     from budgets.models import Budget
+    from controlplane.models import AuditEvent
 
     page = open_page(admin_user, "/budget/")
     expect(page.get_by_role("meter", name="Runs").first).to_be_visible()
@@ -281,7 +282,11 @@ def test_admin_edits_the_budget_with_server_validation_and_finds_it_in_the_audit
     error = page.locator("#budget-day-runs-error")
     expect(error).to_contain_text("integer")  # the server's message, at the field
     expect(runs_per_day).to_have_attribute("aria-invalid", "true")
-    assert not Budget.objects.filter(tenant=tenant, version__gte=1).exists()
+    # Refused whole: no limit stored, no audit entry.
+    assert not Budget.objects.filter(
+        tenant=tenant, period_limits__day__has_key="runs"
+    ).exists()
+    assert not AuditEvent.objects.filter(tenant=tenant, action="budget.update").exists()
     runs_per_day.fill("40")
     page.locator("fieldset", has_text="Per day").get_by_label("Cost").fill("12.50")
     page.get_by_role("button", name="Save limits").click()
