@@ -15,28 +15,16 @@ from tests.layers import (
     layer_violations,
 )
 
-# Today's violations, while the reshape of issue 23 removes them. An entry that no
-# longer occurs FAILS test_the_allowlist_has_no_stale_entries: whoever fixes a
-# violation deletes its entry here in the same commit. Never add an entry: a new
-# violation is fixed, not listed.
-KNOWN_VIOLATIONS: frozenset[str] = frozenset()
-
 
 def test_every_app_has_a_place_in_the_order() -> None:
     assert apps_on_disk() <= set(ORDER), "add the new app to tests/layers.py ORDER"
 
 
-def test_no_new_layer_violations() -> None:
+def test_no_app_imports_upward_and_no_import_dodges_a_cycle() -> None:
     found = layer_violations()
-    new = {key: places for key, places in found.items() if key not in KNOWN_VIOLATIONS}
-    assert not new, "layer violations:\n" + "\n".join(
-        place for places in new.values() for place in places
+    assert not found, "layer violations:\n" + "\n".join(
+        place for places in found.values() for place in places
     )
-
-
-def test_the_allowlist_has_no_stale_entries() -> None:
-    stale = sorted(KNOWN_VIOLATIONS - set(layer_violations()))
-    assert not stale, "fixed: delete from KNOWN_VIOLATIONS:\n" + "\n".join(stale)
 
 
 def test_the_scanner_sees_upward_local_and_relative_imports(tmp_path: Path) -> None:
