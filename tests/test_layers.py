@@ -45,7 +45,9 @@ def test_the_scanner_sees_upward_local_and_relative_imports(tmp_path: Path) -> N
     (tmp_path / "runs/services/advance.py").write_text(
         "from ..models import Run\nimport approvals.models\n"
     )
-    (tmp_path / "controlplane/urls.py").write_text("def f():\n    import runs.views\n")
+    (tmp_path / "controlplane/urls.py").write_text(
+        "import runs.views\ndef f():\n    import approvals.models\n"
+    )
     (tmp_path / "controlplane/big.py").write_text("x = 1\n" * 451)
 
     services = imports_of(tmp_path / "approvals/services.py", tmp_path)
@@ -61,4 +63,5 @@ def test_the_scanner_sees_upward_local_and_relative_imports(tmp_path: Path) -> N
         "approvals/services.py -> controlplane",
         "approvals/services.py -> runs.models",
         "controlplane/big.py -> over 450 lines",
+        "controlplane/urls.py -> approvals.models",
     ]
