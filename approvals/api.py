@@ -23,15 +23,12 @@ from controlplane.api_input import (
     BoundedPagination,
     query_params,
     reject_unknown_fields,
+    remote_addr,
 )
 from controlplane.api_schema import ErrorDetailSerializer
 from controlplane.permissions import Action, Gate
 from controlplane.redaction import ArgsDigestField, RedactedCharField, RedactedJSONField
 from controlplane.tenancy import tenant_of
-
-
-def _remote_addr(request: Request) -> str | None:
-    return request.META.get("REMOTE_ADDR") or None
 
 
 class DecisionSerializer(serializers.Serializer[Any]):
@@ -202,6 +199,6 @@ class ApprovalSettingsApi(APIView):
             tenant=context.tenant,
             actor=context.user,
             deny_reason_required=body.validated_data["deny_reason_required"],
-            remote_addr=_remote_addr(request),
+            remote_addr=remote_addr(request),
         )
         return Response({"deny_reason_required": saved.deny_reason_required})

@@ -108,6 +108,11 @@ def query_params(
     return dict(checked.validated_data)
 
 
+def remote_addr(request: Request) -> str | None:
+    """The caller's address as the audit log records it (None when unknown)."""
+    return request.META.get("REMOTE_ADDR") or None
+
+
 def reject_unknown_fields(request: Request, allowed: set[str]) -> None:
     """A JSON object body with no field outside `allowed` (a typo is a 400, not a
     silently ignored setting)."""

@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api_input import BoundedPagination, query_params
+from controlplane.api_input import BoundedPagination, query_params, remote_addr
 from controlplane.api_schema import ErrorDetailSerializer
 from controlplane.idempotency import (
     IDEMPOTENCY_KEY_PARAMETER,
@@ -235,7 +235,7 @@ class RunDetailApi(APIView):
             deleted = run_delete(
                 run=run,
                 actor=tenant_of(request).user,
-                remote_addr=request.META.get("REMOTE_ADDR") or None,
+                remote_addr=remote_addr(request),
             )
         except Run.DoesNotExist:
             raise NotFound("No such run in this tenant.") from None

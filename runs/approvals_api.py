@@ -25,7 +25,7 @@ from approvals.api import (
     RuleSerializer,
 )
 from approvals.models import ApprovalRequest
-from controlplane.api_input import reject_unknown_fields
+from controlplane.api_input import reject_unknown_fields, remote_addr
 from controlplane.idempotency import (
     IDEMPOTENCY_KEY_PARAMETER,
     IDEMPOTENCY_KEY_REUSED,
@@ -36,10 +36,6 @@ from controlplane.tenancy import tenant_of
 from runs.engine.contracts import ToolContract
 from runs.services.decide import approval_decide
 from runs.tools.registry import BUILTIN_TOOLS
-
-
-def _remote_addr(request: Request) -> str | None:
-    return request.META.get("REMOTE_ADDR") or None
 
 
 def _known_tools() -> dict[str, ToolContract]:
@@ -95,7 +91,7 @@ class ApprovalDecideApi(APIView):
                 reason=data["reason"],
                 scope=data["scope"],
                 args=data["args"],
-                remote_addr=_remote_addr(request),
+                remote_addr=remote_addr(request),
             )
         except services.AlreadyDecided as conflict:
             current = selectors.approval_list_for(tenant=context.tenant).get(
@@ -137,7 +133,7 @@ class ApprovalRuleListApi(APIView):
                 actor=context.user,
                 data=request.data,
                 known_tools=_known_tools(),
-                remote_addr=_remote_addr(request),
+                remote_addr=remote_addr(request),
             )
         except rules.RuleInputError as invalid:
             raise ValidationError(invalid.fields) from None
@@ -171,7 +167,7 @@ class ApprovalRuleDetailApi(APIView):
                 actor=context.user,
                 data=request.data,
                 known_tools=_known_tools(),
-                remote_addr=_remote_addr(request),
+                remote_addr=remote_addr(request),
             )
         except rules.RuleInputError as invalid:
             raise ValidationError(invalid.fields) from None
@@ -184,6 +180,6 @@ class ApprovalRuleDetailApi(APIView):
             selectors.approval_rules_for(tenant=context.tenant), id=rule_id
         )
         rules.approval_rule_delete(
-            rule=rule, actor=context.user, remote_addr=_remote_addr(request)
+            rule=rule, actor=context.user, remote_addr=remote_addr(request)
         )
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 
 from approvals.api import ApprovalSerializer
 from approvals.selectors import approval_list_for
+from controlplane.api_input import remote_addr
 from controlplane.permissions import Action, Gate
 from controlplane.redaction import redact
 from controlplane.tenancy import tenant_of
@@ -189,7 +190,7 @@ class RetentionApi(APIView):
             tenant=context.tenant,
             retention_days=body.validated_data["retention_days"],
             actor=context.user,
-            remote_addr=request.META.get("REMOTE_ADDR") or None,
+            remote_addr=remote_addr(request),
         )
         return Response(_retention_body(context))
 
