@@ -10,8 +10,8 @@ import pytest
 
 from approvals.models import ApprovalRequest
 from runs.models import Run
-from runs.services import run_advance, run_start
-from tests.runs.conftest import demo_agent, drive_run, scripted_agent, shop
+from runs.services import run_start
+from tests.runs.conftest import demo_agent, drive, drive_run, scripted_agent, shop
 
 __all__ = ["demo_agent", "drive_run", "scripted_agent", "shop"]
 
@@ -53,29 +53,11 @@ def waiting_run(shop_agent: Any) -> Callable[..., tuple[Run, ApprovalRequest]]:
         run = run_start(
             tenant=agent.tenant, agent_slug=slug, input="help", started_by=started_by
         )
-        run = drive_beside_a_worker(run)
+        run = drive(run, beside_a_worker=True)
         assert run.status == Run.Status.WAITING_APPROVAL, (run.status, run.stop_detail)
         return run, ApprovalRequest.objects.get(run=run, status="pending")
 
     return build
-
-
-def drive_beside_a_worker(run: Run, *, timeout: float = 60.0) -> Run:
-    """Advance the run in this process until it ends or waits. A test that also
-    starts a live worker may see the worker take a step first: this driver's
-    step is then skipped (the lease is the worker's), and it lets the worker
-    finish that step instead of failing."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run.refresh_from_db()
-        if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
-            return run
-        outcome = run_advance(
-            run_id=str(run.id), step_token=str(run.step_token), owner="test-driver"
-        )
-        if outcome == "skipped":
-            time.sleep(0.05)
-    raise AssertionError(f"run {run.id} did not settle within {timeout}s")
 
 
 def wait_until(predicate: Callable[[], Any], *, timeout: float = 60.0) -> Any:
