@@ -10,10 +10,13 @@ from django.db.models import F
 from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
+from controlplane.celery import app as celery_app
 from runs.models import Run
 from runs.spans import traceparent_for
 
 logger = logging.getLogger(__name__)
+
+ADVANCE_TASK = "runs.tasks.advance_run_task"
 
 
 def step_enqueue(run: Run) -> None:
@@ -31,9 +34,11 @@ def step_enqueue(run: Run) -> None:
 
 
 def step_dispatch_on_commit(run: Run) -> None:
-    """Enqueue the task for the run's current step token once the token is committed."""
-    from runs.tasks import advance_run_task
+    """Enqueue the task for the run's current step token once the token is committed.
 
+    The task is named, not imported: `runs.tasks` imports the services, and a
+    signature still goes through the registered task (eager mode included).
+    """
     run_id, token = str(run.id), str(run.step_token)
     traceparent = traceparent_for(run) if run.trace_id else None
 
@@ -42,7 +47,7 @@ def step_dispatch_on_commit(run: Run) -> None:
             # Celery's own repr of the arguments (for monitoring) cost about 0.1 ms
             # a step; the run id says what the task is about. (celery-types lacks
             # these documented options.)
-            advance_run_task.apply_async(  # type: ignore[call-arg]
+            celery_app.signature(ADVANCE_TASK).apply_async(
                 kwargs={
                     "run_id": run_id,
                     "step_token": token,

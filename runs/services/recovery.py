@@ -27,12 +27,10 @@ from budgets.ledger import budget_release_for_run
 from controlplane.celery import workers_gone
 from runs.models import Run
 from runs.services.admission import runs_start_queued
-from runs.services.dispatch import step_enqueue
+from runs.services.dispatch import ADVANCE_TASK, step_enqueue
 from runs.spans import spans_abandon_of_dead_workers
 
 logger = logging.getLogger(__name__)
-
-ADVANCE_TASK = "runs.tasks.advance_run_task"
 
 
 def queued_step_tokens() -> set[str]:
