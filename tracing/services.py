@@ -20,6 +20,7 @@ __all__ = [
     "RunIds",
     "RunRef",
     "SeqConflict",
+    "SeqTaken",
     "event_message",
     "run_event_append",
     "run_event_broadcast",
@@ -61,6 +62,12 @@ class RunIds:
 
 class SeqConflict(RuntimeError):
     """Another writer kept taking the next seq; the append gave up."""
+
+
+class SeqTaken(IntegrityError):
+    """An append without a savepoint of its own (`enclosed=True`) lost its seq,
+    or failed its insert: the caller rolls back its block and writes it again
+    with `enclosed=False`."""
 
 
 def run_group(run_id: object) -> str:
@@ -119,6 +126,7 @@ def run_events_append(
     run: RunRef,
     events: Sequence[tuple[str, dict[str, Any]]],
     announce: Literal["each", "last"] = "each",
+    enclosed: bool = False,
 ) -> list[RunEvent]:
     """Append events, in order, with the run's next consecutive seqs (one insert).
     This is the run event log's one seq allocator (every writer comes here).
@@ -130,6 +138,13 @@ def run_events_append(
     The unique (run, seq) constraint decides between concurrent writers: the
     insert runs in a savepoint, so a seq already taken fails only it (the
     caller's transaction goes on), and the loser takes the next numbers.
+
+    `enclosed=True`: the caller's own savepoint (or transaction) encloses the
+    append and holds only what it can write again, so the insert goes without
+    a savepoint of its own (two round trips fewer). A failed insert then raises
+    `SeqTaken` and forgets the seq this process remembered; the caller rolls
+    its block back and writes it again with `enclosed=False` (the span writes
+    of a step, `tracing.store.spans_write`, do so).
     """
     readable = [(type, _readable(type, payload)) for type, payload in events]
     # The last committed seq seen by this process saves the MAX query when this
@@ -147,15 +162,23 @@ def run_events_append(
             )
             for offset, (type, payload) in enumerate(readable, start=1)
         ]  # fmt: skip
-        try:
-            with transaction.atomic():
+        if enclosed:
+            try:
                 RunEvent.objects.bulk_create(rows)
-        except IntegrityError:
-            taken = _max_seq(run.pk)
-            if taken <= last:  # not a seq another writer took
-                raise
-            last = taken
-            continue
+            except IntegrityError as exc:
+                # On PostgreSQL the transaction is aborted: no re-read here.
+                _committed_seq.pop(run.pk, None)
+                raise SeqTaken(str(exc)) from exc
+        else:
+            try:
+                with transaction.atomic():
+                    RunEvent.objects.bulk_create(rows)
+            except IntegrityError:
+                taken = _max_seq(run.pk)
+                if taken <= last:  # not a seq another writer took
+                    raise
+                last = taken
+                continue
         transaction.on_commit(functools.partial(_remember, run.pk, rows[-1].seq))
         announced = rows if announce == "each" else rows[-1:]
         transaction.on_commit(

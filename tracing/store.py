@@ -20,7 +20,7 @@ from controlplane.durability import recoverable_transaction
 from controlplane.redaction import redact
 from tracing.models import Span, SpanPayload
 from tracing.payloads import PayloadMemo, payloads_split
-from tracing.services import RunIds, run_event_append, run_events_append
+from tracing.services import RunIds, SeqTaken, run_event_append, run_events_append
 
 __all__ = [
     "SpanHandle",
@@ -168,9 +168,20 @@ def spans_prepare(writes: list[SpanWrite]) -> PreparedSpans:
 
 def spans_write(spans: PreparedSpans) -> None:
     """The database part of `spans_store`."""
-    prepared, new_rows = spans.writes, spans.new_rows
-    if not prepared:
+    if not spans.writes:
         return
+    try:
+        # The events go in without a savepoint of their own: the telemetry
+        # savepoint (or transaction) holds only span rows, which can be written
+        # again. A seq another writer took meanwhile rolls it back, and it is
+        # written again with the allocator's retrying savepoint.
+        _spans_write(spans, enclosed=True)
+    except SeqTaken:
+        _spans_write(spans, enclosed=False)
+
+
+def _spans_write(spans: PreparedSpans, *, enclosed: bool) -> None:
+    prepared, new_rows = spans.writes, spans.new_rows
     with telemetry_transaction():
         if spans.new_payloads:  # a payload stored already is the same by its hash
             SpanPayload.objects.bulk_create(spans.new_payloads, ignore_conflicts=True)
@@ -195,7 +206,9 @@ def spans_write(spans: PreparedSpans) -> None:
                 ("span.ended", ended)
             )
         for (run_id, tenant_id), run_events in events.items():
-            run_events_append(run=RunIds(run_id, tenant_id), events=run_events)
+            run_events_append(
+                run=RunIds(run_id, tenant_id), events=run_events, enclosed=enclosed
+            )
 
 
 def _leased_row(

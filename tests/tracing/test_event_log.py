@@ -146,3 +146,101 @@ def test_a_span_batch_logs_each_new_row_once_with_its_stored_key(run: Run) -> No
         "first_event": True,
     }
     assert list(events[1].payload)[0] == "id"  # the key first, as the stream has it
+
+
+def _span_write(run: Run, span_id: str) -> Any:
+    from django.utils import timezone
+
+    from tracing.store import SpanHandle, SpanRecord, SpanWrite
+
+    now = timezone.now()
+    record = SpanRecord(
+        trace_id="ab" * 16, span_id=span_id, parent_span_id="", name=span_id,
+        kind="internal", started_at=now, ended_at=now, status="ok",
+    )  # fmt: skip
+    handle = SpanHandle()
+    return [
+        SpanWrite(run.pk, run.tenant_id, record, handle, False),
+        SpanWrite(run.pk, run.tenant_id, record, handle, True),
+    ]
+
+
+def test_a_step_whose_span_events_lose_the_seq_keeps_its_own_writes(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's spans are written inside its transaction with no savepoint
+    around the events: a seq another writer took rolls back the spans alone,
+    which are written again after the rival's events; the step's own write stays."""
+    from tracing.store import spans_store
+
+    run_event_append(run=run, type="run.note", payload={})
+    taken = RunEvent.objects.filter(run=run).count()
+    RunEvent.objects.create(run=run, seq=taken + 1, type="rival")
+    monkeypatch.setitem(tracing_services._committed_seq, run.pk, taken)  # stale
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(stop_detail="the step's write")
+        spans_store(_span_write(run, "e" * 16))
+    assert Run.objects.get(pk=run.pk).stop_detail == "the step's write"
+    assert Span.objects.filter(run=run, span_id="e" * 16).count() == 1
+    ended = RunEvent.objects.get(run=run, type="span.ended")
+    assert ended.seq == taken + 2
+    assert ended.payload["span_id"] == "e" * 16
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_writers_share_one_gapless_seq(demo_agent: Any) -> None:
+    """A worker storing span batches (no savepoint around its events) and the
+    web appending approval events (with one) to the same run at the same time:
+    every event is stored once, and the run's seqs are 1..n without a gap."""
+    import threading
+
+    from django.db import connections
+
+    from tracing.store import spans_store
+
+    run = run_start(
+        tenant=demo_agent.tenant, agent_slug=demo_agent.slug, input="x", started_by=None
+    )
+    before = RunEvent.objects.filter(run=run).count()
+    rounds = 40
+    start = threading.Barrier(2)
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            start.wait()
+            for index in range(rounds):
+                with transaction.atomic():  # a step's closing transaction
+                    Run.objects.filter(pk=run.pk).update(steps=index)
+                    spans_store(_span_write(run, f"{index:016x}"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    def web() -> None:
+        try:
+            start.wait()
+            for index in range(rounds):
+                with transaction.atomic():
+                    run_event_append(
+                        run=run, type="approval.requested", payload={"n": index}
+                    )
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker), threading.Thread(target=web)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures, failures
+    seqs = list(
+        RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)
+    )
+    assert seqs == list(range(1, before + 2 * rounds + 1))
+    assert RunEvent.objects.filter(run=run, type="span.ended").count() == rounds
+    assert RunEvent.objects.filter(run=run, type="approval.requested").count() == rounds
+    assert Span.objects.filter(run=run).count() == rounds
