@@ -6,10 +6,14 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import math
+import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from django.db.models import Count, Min
+from django.utils import timezone
 
 from runs.models import Run, ToolCall
 from shop.models import Refund, Replacement
@@ -17,6 +21,10 @@ from soak.traffic import Follower, RunRecord, Tally, db_retry
 from tracing.models import RunEvent
 
 RECOVERY_TARGET_SECONDS = 20.0
+# Without a fault nothing is lost, so every re-enqueue by recovery is needless;
+# issue 24 allows at most one per run per hour (runs.services.recovery logs each).
+NEEDLESS_RE_ENQUEUES_PER_RUN_HOUR = 1.0
+RE_ENQUEUED = re.compile(r"run ([0-9a-f-]{36}): its step was lost; enqueued it again")
 
 
 @dataclass
@@ -29,6 +37,10 @@ class PhaseResult:
     ws_clients: int = 0
     ws_mismatches: int = 0
     recovery: float | None = None  # None: no fault (or nothing in flight)
+    # Steps of this phase's runs that recovery enqueued again, and the hours
+    # those runs lived (created to finished, or to the check).
+    re_enqueues: int = 0
+    run_hours: float = 0.0
     in_flight: int = 0
     fault_note: str = ""
     details: list[str] = field(default_factory=list)
@@ -55,6 +67,13 @@ class PhaseResult:
             missed.append(
                 f"{self.fault}: recovery {shown} "
                 f"(target <= {RECOVERY_TARGET_SECONDS:.0f} s)"
+            )
+        allowed = NEEDLESS_RE_ENQUEUES_PER_RUN_HOUR * self.run_hours
+        if self.fault == "none" and self.re_enqueues > allowed:
+            missed.append(
+                f"none: {self.re_enqueues} needless re-enqueues in "
+                f"{self.run_hours:.2f} run-hours (target <= "
+                f"{NEEDLESS_RE_ENQUEUES_PER_RUN_HOUR:.0f} per run per hour)"
             )
         return missed
 
@@ -196,6 +215,47 @@ def check_runs(
         result.details.append(f"double refunds: {per_order}")
 
 
+def re_enqueues_logged(logs: Iterable[Path], run_ids: Iterable[str]) -> Counter[str]:
+    """How often recovery enqueued each of `run_ids` again, from the services'
+    logs (the worker that ran the recovery pass logs every one)."""
+    wanted = set(run_ids)
+    counts: Counter[str] = Counter()
+    for log in logs:
+        with log.open(errors="replace") as lines:
+            for line in lines:
+                if "its step was lost" not in line:
+                    continue
+                match = RE_ENQUEUED.search(line)
+                if match and match.group(1) in wanted:
+                    counts[match.group(1)] += 1
+    return counts
+
+
+def check_re_enqueues(
+    result: PhaseResult, counts: Counter[str], run_ids: list[str]
+) -> None:
+    """Count the phase's re-enqueues against the hours its runs lived."""
+    now = timezone.now()
+    lived = db_retry(
+        lambda: list(
+            Run.objects.filter(id__in=run_ids).values_list("created_at", "finished_at")
+        )
+    )
+    result.run_hours = (
+        sum(
+            ((finished or now) - created).total_seconds() for created, finished in lived
+        )
+        / 3600
+    )
+    result.re_enqueues = sum(counts.values())
+    if result.re_enqueues:
+        most = counts.most_common(1)[0][1]
+        result.details.append(
+            f"{result.re_enqueues} steps enqueued again by recovery, in "
+            f"{len(counts)} runs (at most {most} in one run)"
+        )
+
+
 def stored_seqs(run_id: str) -> list[int]:
     return list(
         RunEvent.objects.filter(run_id=run_id)
@@ -272,6 +332,7 @@ HEADERS = (
     "5xx-for-committed",
     "WS mismatches",
     "recovery s",
+    "re-enqueued",
 )
 
 
@@ -293,6 +354,7 @@ def table(results: list[PhaseResult]) -> str:
                 str(r.committed_5xx),
                 f"{r.ws_mismatches}/{r.ws_clients}",
                 recovery,
+                str(r.re_enqueues),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADERS))]

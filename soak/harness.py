@@ -16,9 +16,11 @@ from django.utils import timezone
 from soak.checks import (
     PhaseResult,
     advanced_since,
+    check_re_enqueues,
     check_runs,
     check_streams,
     check_tally,
+    re_enqueues_logged,
     stored_seqs,
     terminal_of,
 )
@@ -160,6 +162,9 @@ class Soak:
         check_runs(result, records, since=since, every_run=self.every_run)
         check_streams(result, followers)
         check_tally(result, tally)
+        ids = [r.run_id for r in records if r.run_id]
+        logs = sorted(self.topology.logs.glob("*.log"))
+        check_re_enqueues(result, re_enqueues_logged(logs, ids), ids)
         return result
 
     def _catch_up(self, followers: list[Follower]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,14 @@ from django.utils import timezone
 from runs.models import Agent, Run, Step, ToolCall
 from runs.services import run_start
 from shop.models import Refund, Replacement, ShopOrder
-from soak.checks import PhaseResult, check_runs, check_streams, table
+from soak.checks import (
+    PhaseResult,
+    check_re_enqueues,
+    check_runs,
+    check_streams,
+    re_enqueues_logged,
+    table,
+)
 from soak.traffic import Follower, RunRecord
 from tracing.services import run_event_append
 
@@ -146,8 +154,60 @@ def test_a_stream_that_differs_from_the_log_and_a_slow_recovery_are_missed_targe
     rows = table([result, never, PhaseResult("none")]).splitlines()
     assert rows[0].split("|")[1:-1] == [
         " fault          ", " runs ", " lost ", " duplicates ", " 5xx-for-committed ",
-        " WS mismatches ", " recovery s ",
+        " WS mismatches ", " recovery s ", " re-enqueued ",
     ]  # fmt: skip
-    assert rows[2].split("|")[-3:-1] == ["           2/3 ", "       31.5 "]
-    assert rows[3].split("|")[-2] == "      never "
-    assert rows[4].split("|")[-2] == "          - "
+    assert rows[2].split("|")[-4:-2] == ["           2/3 ", "       31.5 "]
+    assert rows[3].split("|")[-3] == "      never "
+    assert rows[4].split("|")[-3] == "          - "
+
+
+def test_re_enqueues_are_read_from_the_logs_and_needless_ones_are_a_missed_target(
+    demo_agent: Any, tmp_path: Path
+) -> None:
+    """Recovery's re-enqueues of the phase's runs are counted from the services'
+    logs (other runs' lines are not); without a fault, more than one per run
+    per hour of the runs' lives misses the target; after a fault they are only
+    reported."""
+    run, _ = demo_run(demo_agent, 0)
+    other, _ = demo_run(demo_agent, 1)
+    # Lived two hours: two needless re-enqueues are within the target.
+    Run.objects.filter(id=run.id).update(
+        created_at=timezone.now() - dt.timedelta(hours=2), finished_at=timezone.now()
+    )
+    lost = (
+        "WARNING runs.services.recovery: run {}: its step was lost; enqueued it again"  # noqa: E501
+    )
+    (tmp_path / "worker1.log").write_text(
+        f"{lost.format(run.id)}\nINFO celery: unrelated\n{lost.format(other.id)}\n"
+    )
+    (tmp_path / "worker2.log").write_text(f"{lost.format(run.id)}\n")
+    logs = sorted(tmp_path.glob("*.log"))
+    counts = re_enqueues_logged(logs, [str(run.id)])
+    assert counts == {str(run.id): 2}
+
+    result = PhaseResult("none")
+    check_re_enqueues(result, counts, [str(run.id)])
+    assert result.re_enqueues == 2
+    assert 1.99 < result.run_hours < 2.01
+    assert result.details == [
+        "2 steps enqueued again by recovery, in 1 runs (at most 2 in one run)"
+    ]
+    assert result.missed() == []
+
+    (tmp_path / "worker3.log").write_text(f"{lost.format(run.id)}\n")
+    counts = re_enqueues_logged(sorted(tmp_path.glob("*.log")), [str(run.id)])
+    result = PhaseResult("none")
+    check_re_enqueues(result, counts, [str(run.id)])
+    assert result.missed() == [
+        "none: 3 needless re-enqueues in 2.00 run-hours (target <= 1 per run per hour)"
+    ]
+    assert table([result]).splitlines()[2].split("|")[-2] == "           3 "
+    # A run of minutes: one re-enqueue without a fault is already too many.
+    short = PhaseResult("none")
+    check_re_enqueues(short, re_enqueues_logged(logs, [str(other.id)]), [str(other.id)])
+    assert (short.re_enqueues, short.missed()[0][:28]) == (
+        1, "none: 1 needless re-enqueues"
+    )  # fmt: skip
+    faulted = PhaseResult("redis-restart")
+    check_re_enqueues(faulted, counts, [str(run.id)])
+    assert faulted.re_enqueues == 3 and faulted.missed() == []
