@@ -6,10 +6,11 @@ import time
 
 from celery import shared_task
 from celery.signals import worker_process_init
+from django.db import InterfaceError, OperationalError
 
 from controlplane import metrics
 from runs.failpoints import failpoint
-from runs.services import recover_stalled_runs, run_advance
+from runs.services import DatabaseLost, recover_stalled_runs, run_advance
 from runs.services.decide import approvals_expire
 from runs.services.retention import retention_sweep
 from runs.spans import spans_end_of_finished_runs
@@ -21,6 +22,13 @@ def _failpoint_at_process_start(**_: object) -> None:
     failpoint("worker_process_init")  # a pool process lost as it starts
 
 
+# A step that lost the database is delivered again after 1, 2, 4, 8 s, then
+# every 10 s: about two minutes in all, after which its lease has run out and
+# recovery's pass hands the run on (a longer outage).
+DATABASE_RETRIES = 14
+DATABASE_RETRY_MAX_SECONDS = 10
+
+
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
 def advance_run_task(  # type: ignore[no-untyped-def]
     self, *, run_id: str, step_token: str, traceparent: str | None = None
@@ -29,16 +37,28 @@ def advance_run_task(  # type: ignore[no-untyped-def]
 
     The delivery's task id is the lease owner, so the redelivery of a task whose
     worker died takes the run over at once instead of waiting out the lease.
+    So does a retry (Celery keeps the task id): a step that lost the database,
+    or could not reach it to take the lease, is retried until the database
+    answers, and resumes from what was committed (a call marked `executing`
+    is never run blindly again: docs/engine.md, Recovery).
     `traceparent` carries the run's trace into the task (W3C format).
     """
     started = time.monotonic()
-    outcome = run_advance(
-        run_id=run_id,
-        step_token=step_token,
-        owner=self.request.id or step_token,
-        traceparent=traceparent,
-        worker=self.request.hostname or "",
-    )
+    try:
+        outcome = run_advance(
+            run_id=run_id,
+            step_token=step_token,
+            owner=self.request.id or step_token,
+            traceparent=traceparent,
+            worker=self.request.hostname or "",
+        )
+    except (DatabaseLost, OperationalError, InterfaceError) as exc:
+        # The broken connection is dropped after the task (task_postrun), so
+        # the retry gets a new one from the pool.
+        countdown = min(2**self.request.retries, DATABASE_RETRY_MAX_SECONDS)
+        raise self.retry(
+            exc=exc, countdown=countdown, max_retries=DATABASE_RETRIES
+        ) from exc
     metrics.step_observed(outcome=outcome, seconds=time.monotonic() - started)
     return outcome
 

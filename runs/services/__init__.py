@@ -1,6 +1,6 @@
 """Writes for runs: start, advance one step, cancel, resume after a decision."""
 
-from runs.services.advance import run_advance
+from runs.services.advance import DatabaseLost, run_advance
 from runs.services.lifecycle import (
     RunConflict,
     RunInputError,
@@ -11,6 +11,7 @@ from runs.services.lifecycle import (
 from runs.services.recovery import recover_stalled_runs
 
 __all__ = [
+    "DatabaseLost",
     "RunConflict",
     "RunInputError",
     "recover_stalled_runs",

@@ -18,7 +18,9 @@ from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from django.db import transaction
+import psycopg
+from django.db import Error as DatabaseError
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from approvals.checks import (
@@ -127,6 +129,35 @@ FINAL_CALL_STATUSES = {
 }
 
 
+class DatabaseLost(Exception):
+    """The step lost its database connection (PostgreSQL restarted, the network
+    dropped): it wrote nothing more, and its lease stays with this delivery,
+    whose retry (same task id, so the same lease owner) takes it back at once."""
+
+
+# SQLSTATEs of a connection PostgreSQL ended: class 08 (connection exception),
+# and the server shutting down or starting (admin_shutdown, crash_shutdown,
+# cannot_connect_now).
+LOST_CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether `exc` is the database connection dying, as opposed to an error
+    the database answered on a live one (a deadlock, a cancelled statement).
+
+    Read from the driver's error, not from the connection: by the time the
+    error leaves `transaction.atomic`, Django has dropped the broken connection
+    and taken a new one from the pool."""
+    if not isinstance(exc, (OperationalError, InterfaceError)):
+        return False
+    cause = exc.__cause__
+    if not isinstance(cause, psycopg.Error):
+        return False  # SQLite's (a locked file is no lost connection)
+    state = cause.sqlstate
+    # None: raised by the client (the socket closed, no connection to be had).
+    return state is None or str(state).startswith(LOST_CONNECTION_STATES)
+
+
 class StepEnded(Exception):
     """The run stopped (finished or is waiting) inside the step."""
 
@@ -231,6 +262,7 @@ def run_advance(
             resumes_step=run.steps - 1 if open_calls and run.steps else None,
         )
     )
+    lost = False
     try:
         _step(ctx, open_calls)
         _continue(ctx, spans, batch)
@@ -240,15 +272,36 @@ def run_advance(
     except LeaseLost:
         logger.warning("run %s: lease lost; this step stops here", run_id)
         return "lease_lost"
-    except Exception:
+    except Exception as exc:
+        if connection_lost(exc):
+            # Not the step's fault, and nothing can be written now: ending the
+            # run internal_error would fail too, and a lease left to expire
+            # froze the run for RUN_LEASE_SECONDS while its worker's heartbeat
+            # said it was alive. The task delivers the step again (runs.tasks).
+            lost = True
+            logger.warning(
+                "run %s: the database connection was lost mid-step (%s); "
+                "the step will be delivered again",
+                run_id,
+                exc,
+            )
+            raise DatabaseLost(run_id) from exc
         logger.exception("run %s: internal error in a step", run_id)
         with suppress(StepEnded, LeaseLost):
             _finish(ctx, StopReason.INTERNAL_ERROR, detail="internal error")
         return "finished"
     finally:
-        spans.close()
-        records.close()
-        lease_release(run)
+        if lost:
+            # The spans' last writes are lost with the connection (the retry's
+            # step span takes over); the renewals stop; the lease is kept.
+            with suppress(DatabaseError):
+                spans.close()
+            with suppress(DatabaseError):
+                records.close()
+        else:
+            spans.close()
+            records.close()
+            lease_release(run)
 
 
 def _step(ctx: StepContext, open_calls: list[ToolCall]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings as django_settings
+from django.db import connection
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
@@ -259,6 +260,48 @@ def test_whole_worker_killed_mid_step_is_recovered_without_waiting_out_the_lease
         run = wait_for(lambda: settled(run))
     finally:
         second.stop()
+    assert run.status == "unverified", (run.stop_reason, run.stop_detail)
+    assert run.steps == 2
+    assert ToolCall.objects.get(run=run).status == "succeeded"  # read-only: re-run
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="cuts PostgreSQL's connections"
+)
+def test_step_that_loses_the_database_mid_step_is_delivered_again_at_once(
+    shop, scripted_agent, tmp_path
+):
+    """Item 6 (PostgreSQL restarted): a step's connection dies mid-step, after
+    its tool ran, while its worker (and its heartbeat) stays alive. PostgreSQL
+    ends every session of the database, as its restart does. The task used to
+    fail holding its 120 s lease, and the run waited the lease out (~130 s in
+    the soak); now the step is delivered again at once and the run ends as it
+    should, with no recovery pass: the read-only call run again, the model
+    asked no more than its two scripted replies."""
+    assert django_settings.RUN_LEASE_SECONDS == 120
+    scripted_agent(LOOKUP_SCRIPT, ["lookup_order"])
+    worker = start_worker(
+        tmp_path,
+        extra_env={"RUN_FAILPOINTS": "after_tool_execute",
+                   "RUN_FAILPOINT_ACTION": "pause",
+                   "RUN_FAILPOINT_DIR": str(tmp_path)},
+    )  # fmt: skip
+    try:
+        (run,) = start_runs(shop, 1)
+        marker = tmp_path / "failpoint-after_tool_execute"
+        wait_for(marker.exists, what="the step to reach the failpoint")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            (cut,) = cursor.fetchone()
+        assert cut >= 1  # the step's connection at least
+        (tmp_path / "failpoint-after_tool_execute.resume").touch()
+        run = wait_for(lambda: settled(run), timeout=20)
+    finally:
+        worker.stop()
+    assert "the database connection was lost mid-step" in worker.output()
     assert run.status == "unverified", (run.stop_reason, run.stop_detail)
     assert run.steps == 2
     assert ToolCall.objects.get(run=run).status == "succeeded"  # read-only: re-run
