@@ -17,7 +17,6 @@ from approvals.services import approval_requests_cancel_for_run
 from budgets.ledger import budget_release_for_run
 from budgets.models import Budget
 from budgets.prices import PriceLookup, model_price_for
-from budgets.selectors import budget_of
 from budgets.services import tenant_run_ceiling
 from controlplane import metrics
 from controlplane.durability import recoverable_transaction
@@ -134,7 +133,11 @@ def lease_acquire(
     A delivery whose token is stale, a run already finished or waiting, or a lease
     held (and not expired) by another delivery: nothing happens.
     """
-    run = Run.objects.select_related("agent").filter(id=run_id).first()
+    # The tenant's budget comes with the run (a join, where it was a query of
+    # its own after the lease).
+    run = (
+        Run.objects.select_related("agent", "tenant__budget").filter(id=run_id).first()
+    )
     if run is None or str(run.step_token) != step_token:
         return None
     if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
@@ -164,7 +167,10 @@ def lease_acquire(
     for name, value in changes.items():
         setattr(run, name, value)
     price = model_price_for(model=run.agent.model, tenant_id=run.tenant_id)
-    return Lease(run, taken_over, budget_of(run.tenant_id), price)
+    # A tenant without a budget: the reverse one-to-one raises DoesNotExist,
+    # an AttributeError, without a query (select_related cached its absence).
+    budget: Budget | None = getattr(run.tenant, "budget", None)
+    return Lease(run, taken_over, budget, price)
 
 
 class LeaseLost(Exception):

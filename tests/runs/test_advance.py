@@ -167,3 +167,42 @@ def test_a_rule_added_while_the_model_thinks_applies_to_the_call_it_proposes(
     assert call.status == "denied" and call.result["error"]["code"] == "EPERM"
     assert "no echo" in call.result["error"]["message"]
     assert run.steps == 1  # the model was not asked again
+
+
+def test_the_lease_reads_the_tenants_budget_with_the_run_as_it_is_now(
+    scripted_agent: Any, tenant: Any
+) -> None:
+    """The step's budget comes in the run's own query (a join), and it is the
+    budget as it is when the step starts: one created meanwhile is seen."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from budgets.models import Budget
+    from runs.services.lifecycle import lease_acquire, lease_release
+
+    scripted_agent([{"text": "done"}], [])
+    run = run_start(tenant=tenant, agent_slug="scripted", input="go", started_by=None)
+    with CaptureQueriesContext(connection) as queries:
+        lease = lease_acquire(
+            run_id=str(run.id), step_token=str(run.step_token), owner="first"
+        )
+    assert lease is not None and lease.budget is None
+    assert Budget._meta.db_table not in _tables_read(queries)
+    lease_release(lease.run)
+    budget = Budget.objects.create(tenant=tenant, run_caps={"max_steps": 3})
+    with CaptureQueriesContext(connection) as queries:
+        lease = lease_acquire(
+            run_id=str(run.id), step_token=str(run.step_token), owner="second"
+        )
+    assert lease is not None and lease.budget is not None
+    assert (lease.budget.pk, lease.budget.run_caps) == (budget.pk, {"max_steps": 3})
+    assert Budget._meta.db_table not in _tables_read(queries)  # no query of its own
+
+
+def _tables_read(queries: Any) -> list[str]:
+    """The table each SELECT reads first (its FROM)."""
+    return [
+        q["sql"].split(" FROM ", 1)[1].split()[0].strip('"`')
+        for q in queries
+        if q["sql"].startswith("SELECT") and " FROM " in q["sql"]
+    ]
