@@ -192,6 +192,9 @@ class StepContext:
     # Results recorded in the transcript, to be stored on their rows by the
     # step's next write (see `_record`).
     unsaved_results: list[ResultWrite] = field(default_factory=list)
+    # The last write proved no cancel was requested, and nothing ran since: the
+    # next call needs no read of the flag (see `_read_before_call`).
+    not_cancelled: bool = False
 
     def elapsed(self) -> float:
         return self.base_wall_seconds + time.monotonic() - self.started
@@ -201,12 +204,14 @@ class StepContext:
         for write in writes:
             write.save()
 
-    def checkpoint(self, **changes: Any) -> None:
-        """Persist the results, engine state and counters (CAS as the lease holder)."""
+    def checkpoint(self, *, heed_cancel: bool = False, **changes: Any) -> None:
+        """Persist the results, engine state and counters (CAS as the lease holder).
+        `heed_cancel`: see `run_save`; it sets `not_cancelled`."""
         self.state.usage = self.state.usage.with_wall_seconds(self.elapsed())
         self.save_results()
-        run_save(
+        self.not_cancelled = run_save(
             self.run,
+            heed_cancel=heed_cancel,
             engine_state=self.state.to_dict(copy=False),
             **counters_from_state(self.state),
             **changes,
@@ -423,9 +428,10 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
         step.save(force_insert=True)
         for row in rows:
             row.step = step  # its key is known now
-        # The assistant's action is on record before any tool runs.
+        # The assistant's action is on record before any tool runs; its write
+        # also tells whether an operator asked to cancel meanwhile.
         ToolCallRow.objects.bulk_create(rows)
-        ctx.checkpoint()
+        ctx.checkpoint(heed_cancel=bool(rows))
     failpoint("after_action_persisted")
     return step, action, rows
 
@@ -752,10 +758,15 @@ def _after_calls(ctx: StepContext, step: Step, rows: list[ToolCallRow]) -> None:
 def _read_before_call(ctx: StepContext, *, policy_rules: bool) -> list[Any] | None:
     """Read now, not from the run the step holds: an operator may have asked to
     cancel, or changed the tenant's approval rules. With `policy_rules` (and the
-    tenant's policy as the hook) the rules are read here, for the gate."""
-    cancel = Run.objects.filter(id=ctx.run.id).values_list("cancel_requested")
-    if cancel.first() == (True,):
-        _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
+    tenant's policy as the hook) the rules are read here, for the gate. The
+    cancel flag is not read again when the write of the action just proved it
+    unset (`StepContext.not_cancelled`): a cancel asked since is seen at the next
+    boundary, as one asked just after this read would be."""
+    not_cancelled, ctx.not_cancelled = ctx.not_cancelled, False  # one call's worth
+    if not not_cancelled:
+        cancel = Run.objects.filter(id=ctx.run.id).values_list("cancel_requested")
+        if cancel.first() == (True,):
+            _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
     if policy_rules and ctx.runtime.policy is tenant_policy:
         return policy_rules_for(ctx.run.tenant_id)
     return None

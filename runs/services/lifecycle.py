@@ -177,21 +177,31 @@ class LeaseLost(Exception):
     """Another writer took the run; this step stops before writing anything more."""
 
 
-def run_save(run: Run, **changes: Any) -> None:
-    """Write run fields as the lease holder (CAS on version); raises LeaseLost."""
+def run_save(run: Run, *, heed_cancel: bool = False, **changes: Any) -> bool:
+    """Write run fields as the lease holder (CAS on version); raises LeaseLost.
+
+    With `heed_cancel` the write also looks at `cancel_requested` (in its WHERE)
+    and returns True if it proved no cancel was requested: the caller's next
+    phase then needs no read of its own. A run to be cancelled is written all
+    the same (a second UPDATE), and False leaves the read to the caller.
+    """
     changes["version"] = run.version + 1
     changes.setdefault(
         "lease_expires_at",
         timezone.now() + dt.timedelta(seconds=settings.RUN_LEASE_SECONDS),
     )
     changes["updated_at"] = timezone.now()
-    changed = Run.objects.filter(
+    held = Run.objects.filter(
         id=run.id, version=run.version, lease_owner=run.lease_owner
-    ).update(**changes)
-    if not changed:
+    )
+    not_cancelled = heed_cancel and bool(
+        held.filter(cancel_requested=False).update(**changes)
+    )
+    if not not_cancelled and not held.update(**changes):
         raise LeaseLost(str(run.id))
     for name, value in changes.items():
         setattr(run, name, value)
+    return not_cancelled
 
 
 def lease_release(run: Run) -> None:

@@ -206,3 +206,45 @@ def _tables_read(queries: Any) -> list[str]:
         for q in queries
         if q["sql"].startswith("SELECT") and " FROM " in q["sql"]
     ]
+
+
+def test_a_cancel_asked_while_the_model_thinks_stops_the_run_before_its_call(
+    tenant, operator_user, scripted_agent, monkeypatch, drive_run
+):
+    """The write of the model's action reads the cancel flag in its WHERE: a
+    cancel asked during the model call still stops the run before the tool runs
+    (the action is on record), and without one no read of the flag follows."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.engine.adapters.scripted import ScriptedModel
+    from runs.services import run_cancel
+
+    def echo(call_id: str) -> dict[str, Any]:
+        return {
+            "tool_calls": [{"id": call_id, "name": "echo", "arguments": {"text": "x"}}]
+        }
+
+    scripted_agent([echo("c1"), echo("c2"), {"text": "done"}], ["echo"])
+    complete = ScriptedModel.complete
+    asks = []
+
+    def cancel_on_second_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        asks.append(1)
+        if len(asks) == 2:
+            run_cancel(run=Run.objects.get(pk=run.pk), actor=operator_user)
+        return complete(self, *args, **kwargs)
+
+    monkeypatch.setattr(ScriptedModel, "complete", cancel_on_second_call)
+    run = run_start(tenant=tenant, agent_slug="scripted", input="go", started_by=None)
+    with CaptureQueriesContext(connection) as first:
+        run_advance(run_id=str(run.id), step_token=str(run.step_token), owner="one")
+    cancel_reads = [
+        q for q in first if q["sql"].startswith('SELECT "runs_run"."cancel_requested"')
+    ]
+    assert cancel_reads == []  # the action's write said: not cancelled
+    assert ToolCall.objects.get(run=run, call_id="c1").status == "succeeded"
+    run = drive_run(run)
+    assert (run.status, run.stop_reason) == ("cancelled", "cancelled")
+    assert len(asks) == 2 and run.steps == 2  # the second action is on record
+    assert ToolCall.objects.get(run=run, call_id="c2").status == "cancelled"
