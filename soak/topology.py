@@ -239,6 +239,7 @@ class Topology:
         for service in self.services:
             self._spawn(service)
         self.wait_web(60)
+        self.wait_workers(120)
         self.say(f"Daphne on :{self.web_port}, {WORKER_COUNT} workers, beat")
 
     def _as_postgres(self) -> dict[str, Any]:
@@ -322,6 +323,21 @@ class Topology:
                 time.sleep(0.2)
             self.supervise()
         raise TopologyError(f"Daphne did not answer:\n{self.tail(self.service('web'))}")
+
+    def wait_workers(self, timeout: float) -> None:
+        """Until every worker logged that it is ready (its pool forked): a
+        phase's first fault may aim at a pool child within a second, and a
+        short phase's arrives that soon."""
+        deadline = time.monotonic() + timeout
+        waiting = list(self.workers)
+        while waiting and time.monotonic() < deadline:
+            waiting = [w for w in waiting if not _logged_ready(w)]
+            self.supervise()
+            time.sleep(0.2)
+        if waiting:
+            raise TopologyError(
+                f"{waiting[0].name} did not get ready:\n{self.tail(waiting[0])}"
+            )
 
     # -- supervision and faults -------------------------------------------
 
@@ -467,6 +483,10 @@ class Topology:
             return service.log.read_text(errors="replace")[-chars:]
         except OSError:
             return ""
+
+
+def _logged_ready(worker: Service) -> bool:
+    return worker.log.exists() and " ready." in worker.log.read_text(errors="replace")
 
 
 def _kill_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

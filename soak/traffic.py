@@ -46,7 +46,12 @@ def db_retry(
     timeout: float = RETRY_SECONDS,
     stop: threading.Event | None = None,
 ) -> T:
-    """A read of the database that waits out a PostgreSQL restart."""
+    """A read of the database that waits out a PostgreSQL restart.
+
+    The connection goes back to the process's pool after each read: the
+    harness has more threads (starters, deciders, the phase) than its pool has
+    connections (DATABASE_POOL_MAX_SIZE), and threads that kept theirs while
+    idle starved the others (PoolTimeout after 20 s, a phase ended by it)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -60,6 +65,8 @@ def db_retry(
                 raise Stopped from None
             if stop is None:
                 time.sleep(0.5)
+        finally:
+            connection.close()
 
 
 @dataclass
