@@ -7,6 +7,7 @@ import importlib
 import logging
 import logging.config
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterable
@@ -95,8 +96,30 @@ WORKER_HEARTBEAT_SECONDS = 2.0
 WORKER_SILENT_SECONDS = 10
 
 
-def worker_alive_key(hostname: str) -> str:
-    return f"controlplane:worker-alive:{hostname}"
+def worker_alive_key(worker: str) -> str:
+    return f"controlplane:worker-alive:{worker}"
+
+
+class _Incarnation:
+    """This start of the worker, drawn in its main process before the pool forks
+    (children inherit it). A worker restarted under its node name (compose's
+    restart policy keeps the container's host name) is a new incarnation: the
+    heartbeat of the new one must not vouch for the steps the dead one held,
+    which then waited out their lease (124 s in the soak's worker-kill)."""
+
+    token = ""
+
+
+@worker_init.connect
+def _draw_incarnation(**_: object) -> None:
+    _Incarnation.token = secrets.token_hex(4)
+
+
+def worker_identity(hostname: str) -> str:
+    """The worker as leases and heartbeats name it: node name and incarnation."""
+    if not hostname or not _Incarnation.token:
+        return hostname
+    return f"{hostname}/{_Incarnation.token}"
 
 
 @worker_ready.connect
@@ -104,15 +127,18 @@ def _start_heartbeat(sender: Any = None, **_: object) -> None:
     hostname = str(getattr(sender, "hostname", "") or "")
     if hostname:
         threading.Thread(
-            target=_heartbeat, args=(hostname,), name="worker-heartbeat", daemon=True
+            target=_heartbeat,
+            args=(worker_identity(hostname),),
+            name="worker-heartbeat",
+            daemon=True,
         ).start()
 
 
-def _heartbeat(hostname: str) -> None:
+def _heartbeat(worker: str) -> None:
     client = redis.Redis.from_url(
         app.conf.broker_url, socket_timeout=2, socket_connect_timeout=2
     )
-    key = worker_alive_key(hostname)
+    key = worker_alive_key(worker)
     while True:
         # Redis down: recovery cannot read it either, and waits.
         with contextlib.suppress(redis.RedisError):
@@ -120,11 +146,11 @@ def _heartbeat(hostname: str) -> None:
         time.sleep(WORKER_HEARTBEAT_SECONDS)
 
 
-def workers_gone(hostnames: Iterable[str]) -> set[str]:
-    """The workers among `hostnames` whose heartbeat stopped. None while Redis
+def workers_gone(workers: Iterable[str]) -> set[str]:
+    """The workers (`worker_identity`) whose heartbeat stopped. None while Redis
     has been up for less than a heartbeat's life: after a restart the workers'
     keys may have lapsed during the outage. Raises redis.RedisError."""
-    names = sorted(set(hostnames))
+    names = sorted(set(workers))
     if not names:
         return set()
     client = redis.Redis.from_url(app.conf.broker_url, socket_timeout=5)

@@ -9,6 +9,7 @@ from celery.signals import worker_process_init
 from django.db import InterfaceError, OperationalError
 
 from controlplane import metrics
+from controlplane.celery import worker_identity
 from runs.failpoints import failpoint
 from runs.services import DatabaseLost, recover_stalled_runs, run_advance
 from runs.services.decide import approvals_expire
@@ -50,7 +51,7 @@ def advance_run_task(  # type: ignore[no-untyped-def]
             step_token=step_token,
             owner=self.request.id or step_token,
             traceparent=traceparent,
-            worker=self.request.hostname or "",
+            worker=worker_identity(self.request.hostname or ""),
         )
     except (DatabaseLost, OperationalError, InterfaceError) as exc:
         # The broken connection is dropped after the task (task_postrun), so

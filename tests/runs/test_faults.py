@@ -265,6 +265,41 @@ def test_whole_worker_killed_mid_step_is_recovered_without_waiting_out_the_lease
     assert ToolCall.objects.get(run=run).status == "succeeded"  # read-only: re-run
 
 
+def test_worker_killed_and_restarted_under_its_name_hands_its_runs_on_soon(
+    shop, scripted_agent, tmp_path
+):
+    """Item 6: a worker dies whole mid-step and its restart policy brings it
+    back under the same node name at once. The new worker's heartbeat is not
+    the dead one's: the run is handed on as soon as the dead one's heartbeat
+    lapses, not when its 120 s lease runs out (124 s in the soak)."""
+    assert django_settings.RUN_LEASE_SECONDS == 120
+    scripted_agent(LOOKUP_SCRIPT, ["lookup_order"])
+    name = f"test-same-{os.getpid()}@%h"
+    first = start_worker(
+        tmp_path,
+        pool="solo",
+        name=name,
+        extra_env={"RUN_FAILPOINTS": "after_tool_execute",
+                   "RUN_FAILPOINT_DIR": str(tmp_path)},
+    )  # fmt: skip
+    (run,) = start_runs(shop, 1)
+    wait_for(lambda: first.process.poll() is not None)  # SIGKILLed mid-step
+    killed = time.monotonic()
+    restarted = start_worker(tmp_path, name=name)
+    try:
+        run.refresh_from_db()
+        assert run.status == "running"
+        assert run.lease_worker.startswith(name.replace("%h", os.uname().nodename))
+        wait_for(lambda: time.sleep(1) or recover_stalled_runs(), timeout=40)
+        handed_on = time.monotonic() - killed
+        run = wait_for(lambda: settled(run))
+    finally:
+        restarted.stop()
+    assert handed_on < 40  # the lease had about 118 s left
+    assert run.status == "unverified", (run.stop_reason, run.stop_detail)
+    assert ToolCall.objects.get(run=run).status == "succeeded"  # read-only: re-run
+
+
 @pytest.mark.skipif(
     connection.vendor != "postgresql", reason="cuts PostgreSQL's connections"
 )
