@@ -188,7 +188,10 @@ def _resume_and_end(
         if row.parent_span_id
         else otel_context.Context()
     )
-    with long_lived(), fixed_ids(trace_id=_trace_id(run), span_id=int(span_id, 16)):
+    with (
+        long_lived(resumed=True),
+        fixed_ids(trace_id=_trace_id(run), span_id=int(span_id, 16)),
+    ):
         span = tracer().start_span(
             row.name,
             context=parent,

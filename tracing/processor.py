@@ -50,15 +50,19 @@ logger = logging.getLogger(__name__)
 RUN_ID_KEY = "cp.run.id"
 TENANT_ID_KEY = "cp.tenant.id"
 
-_long_lived: contextvars.ContextVar[bool] = contextvars.ContextVar(
+# False, or "start" (a long-lived span starts: its row is written), or "resume"
+# (a stored one is started again to be ended: its row exists, only its end is).
+_long_lived: contextvars.ContextVar[str | bool] = contextvars.ContextVar(
     "tracing_long_lived", default=False
 )
 
 
 @contextmanager
-def long_lived() -> Iterator[None]:
-    """Spans started here outlive their task (root, approval wait): no lease."""
-    token = _long_lived.set(True)
+def long_lived(*, resumed: bool = False) -> Iterator[None]:
+    """Spans started here outlive their task (root, approval wait): no lease.
+    `resumed`: the span's row was stored when it started (the caller read it);
+    it is started again only to be ended, so its start is not written again."""
+    token = _long_lived.set("resume" if resumed else "start")
     try:
         yield
     finally:
@@ -296,8 +300,11 @@ class RunSpanProcessor(SpanProcessor):
         ids = self._ids(span)
         if ids is None:
             return
+        long = _long_lived.get()
+        if long == "resume":  # its row is stored; its end is written in on_end
+            return
         record = _record_of(span, ended=False)
-        if _long_lived.get():  # ends elsewhere, started again: never in _open
+        if long:  # ends elsewhere, started again: never in _open
             self._write_now(span, lambda: span_record_start(
                 run_id=ids[0], tenant_id=ids[1], record=record, memo={}
             ))  # fmt: skip

@@ -273,3 +273,39 @@ def test_a_running_span_of_the_previous_lease_holder_is_abandoned_by_the_next_st
     drive_run(run)
     orphan = Span.objects.get(run=run, name="execute_tool slow")
     assert orphan.status == Span.Status.ABANDONED
+
+
+def test_the_root_span_ends_in_its_stored_row_with_one_write(
+    scripted_agent: Any, drive_run: Any
+) -> None:
+    """Ending the run's root starts it again with its ids only to end it: the
+    row it was stored with at the run's start is completed, and the restart
+    itself writes nothing (no second start, no payloads of its own)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.models import Run
+    from runs.spans import run_root_end
+
+    agent = scripted_agent([{"text": "done"}], [])
+    run = run_start(
+        tenant=agent.tenant, agent_slug=agent.slug, input="hi", started_by=None
+    )
+    # The run's end, but for its root span (as a finisher that died left it).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("runs.spans.run_root_end", lambda run: None)
+        run = drive_run(run)
+    root_id = f"{root_span_id(run):016x}"
+    assert Span.objects.get(run=run, span_id=root_id).status == Span.Status.RUNNING
+    with CaptureQueriesContext(connection) as queries:
+        run_root_end(Run.objects.get(pk=run.pk))
+    root = Span.objects.get(run=run, span_id=root_id)
+    assert root.status != Span.Status.RUNNING and root.ended_at is not None
+    assert root.attributes["cp.run.status"] == run.status
+    events = RunEvent.objects.filter(run=run, payload__span_id=root_id)
+    assert sorted(events.values_list("type", flat=True)) == [
+        "span.ended",
+        "span.started",
+    ]
+    payload_inserts = [q for q in queries if 'INTO "tracing_spanpayload"' in q["sql"]]
+    assert len(payload_inserts) == 1  # the end's; the restart wrote none
