@@ -68,7 +68,9 @@ def run_slot_claim(*, run: Run) -> bool:
 
 def runs_start_queued(*, tenant_id: Any) -> int:
     """Start the tenant's oldest waiting runs while slots are free."""
-    with transaction.atomic():
+    # Inside a run's end (its caller's transaction) no savepoint: a failure
+    # here fails the end as a whole, which is what a savepoint would lead to.
+    with transaction.atomic(savepoint=False):
         budget = Budget.objects.select_for_update().filter(tenant_id=tenant_id).first()
         waiting = Run.objects.select_for_update(skip_locked=True).filter(
             tenant_id=tenant_id, status=Run.Status.QUEUED, step_token__isnull=True
