@@ -143,8 +143,9 @@ def _budget_attributes(run: Run) -> dict[str, Any]:
 
 
 def _root_start(run: Run) -> None:
-    if Span.objects.filter(run=run, span_id=f"{root_span_id(run):016x}").exists():
-        return
+    # No look first: the first step of a run stores its root; a step that runs
+    # step 0 again (after a crash, or a wait before the first model call) finds
+    # the row in the store's get_or_create, which keeps it and logs nothing.
     agent = run.agent
     with (
         long_lived(),

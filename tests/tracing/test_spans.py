@@ -309,3 +309,34 @@ def test_the_root_span_ends_in_its_stored_row_with_one_write(
     ]
     payload_inserts = [q for q in queries if 'INTO "tracing_spanpayload"' in q["sql"]]
     assert len(payload_inserts) == 1  # the end's; the restart wrote none
+
+
+def test_step_zero_taken_again_keeps_one_root_row_and_one_start_event(
+    scripted_agent: Any,
+) -> None:
+    """The root is stored by the run's first step without a look first; a step
+    that runs step 0 again (after a crash) finds its row and logs no second start."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.spans import step_span
+
+    agent = scripted_agent([{"text": "done"}], [])
+    run = run_start(
+        tenant=agent.tenant, agent_slug=agent.slug, input="hi", started_by=None
+    )
+    root_id = f"{root_span_id(run):016x}"
+    with CaptureQueriesContext(connection) as first, step_span(run):
+        pass
+    with step_span(run):  # step 0 again, the root already stored
+        pass
+    assert Span.objects.filter(run=run, span_id=root_id).count() == 1
+    started = RunEvent.objects.filter(
+        run=run, type="span.started", payload__span_id=root_id
+    )
+    assert started.count() == 1
+    by_root_id = f""""tracing_span"."span_id" = '{root_id}'"""
+    root_reads = [
+        q for q in first if q["sql"].startswith("SELECT") and by_root_id in q["sql"]
+    ]
+    assert len(root_reads) == 1  # the store's get_or_create, no look before it
