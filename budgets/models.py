@@ -61,11 +61,14 @@ class Budget(models.Model):
 
 
 class BudgetCounter(models.Model):
-    """Use and reservations of one tenant in one period bucket.
+    """Use and reservations of one tenant in one period bucket, in one slot.
 
     Calendar mode has one bucket per UTC day and per UTC month; rolling mode has
     hour buckets (summed over 24 hours) and day buckets (summed over 30 days).
-    Reservations check them under the budget row's lock (budgets/ledger.py).
+    A calendar bucket is split into slot rows (budgets/ledger.py: `SLOTS`), each
+    holding a share of the headroom in its `quota_*` columns, divided from the
+    limits in `quota_limits`; the bucket's use is the sum of its slots. Rolling
+    mode writes slot 0 only.
     """
 
     tenant = models.ForeignKey(
@@ -73,6 +76,7 @@ class BudgetCounter(models.Model):
     )
     period = models.CharField(max_length=8)  # day | month
     bucket_start = models.DateTimeField()
+    slot = models.PositiveSmallIntegerField(default=0)
     used_input_tokens = models.BigIntegerField(default=0)
     reserved_input_tokens = models.BigIntegerField(default=0)
     used_output_tokens = models.BigIntegerField(default=0)
@@ -83,18 +87,31 @@ class BudgetCounter(models.Model):
     )
     used_runs = models.BigIntegerField(default=0)
     reserved_runs = models.BigIntegerField(default=0)
+    # The slot's share: its use plus a part of the bucket's headroom (null: no
+    # limit on the dimension). The shares add up to the limit in `quota_limits`
+    # (the budget's `period_limits` they were divided from); a slot whose
+    # `quota_limits` differ from the budget's (or are null) is not used until
+    # the bucket is divided again under the budget's lock.
+    quota_input_tokens = models.BigIntegerField(null=True, blank=True)
+    quota_output_tokens = models.BigIntegerField(null=True, blank=True)
+    quota_cost = models.DecimalField(
+        max_digits=30, decimal_places=6, null=True, blank=True
+    )
+    quota_runs = models.BigIntegerField(null=True, blank=True)
+    quota_limits = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "controlplane_budgetcounter"
         constraints = [
             models.UniqueConstraint(
-                fields=["tenant", "period", "bucket_start"],
-                name="one_budget_counter_per_bucket",
+                fields=["tenant", "period", "bucket_start", "slot"],
+                name="one_budget_counter_per_bucket_slot",
             )
         ]
 
     def __str__(self) -> str:
-        return f"{self.tenant} {self.period} {self.bucket_start:%Y-%m-%d %H:%M}"
+        start = f"{self.bucket_start:%Y-%m-%d %H:%M}"
+        return f"{self.tenant} {self.period} {start} slot {self.slot}"
 
 
 def time_ordered_uuid() -> uuid.UUID:
@@ -146,7 +163,7 @@ class BudgetLedgerEntry(models.Model):
     )
     reserved = models.JSONField(default=dict)  # {input_tokens, output_tokens, cost}
     actual = models.JSONField(null=True, blank=True)
-    counter_ids = models.JSONField(default=list)  # [day counter, month counter]
+    counter_ids = models.JSONField(default=list)  # [day slot, month slot] counters
     # Dimensions reserved from the run's grants instead of the counters:
     # [{"grant": id, "period": "day", "dimension": "cost"}].
     funding = models.JSONField(default=list, blank=True)
