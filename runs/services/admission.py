@@ -16,7 +16,6 @@ from django.db.models import Q
 from budgets.ledger import budget_release_for_run, budget_reserve, budget_settle
 from budgets.models import Budget, BudgetLedgerEntry
 from budgets.periods import Amounts, BudgetRefusal
-from budgets.selectors import budget_of
 from budgets.services import budget_update
 from controlplane.models import Tenant
 from runs.engine.stop import BUDGET_STOP_REASONS, StopReason
@@ -26,8 +25,14 @@ from runs.services.spend import run_budget_event, run_budget_refused
 
 
 def budget_admit_run(*, run: Run) -> BudgetRefusal | None:
-    """Count the run against the runs-per-period limits; a refusal changes nothing."""
-    budget = budget_of(run.tenant_id)
+    """Count the run against the runs-per-period limits; a refusal changes nothing.
+
+    Call inside run_start's transaction. The budget row is locked first (as
+    `run_slot_claim` locks it next): the ledger's lock order is the budget row,
+    then the counters, and the reservation's counter rows stay locked until
+    run_start commits, so taking the budget row after them could deadlock with
+    a reservation that holds the budget row and waits for them."""
+    budget = Budget.objects.select_for_update().filter(tenant_id=run.tenant_id).first()
     if budget is None:
         return None
     one = Amounts(runs=1)
@@ -93,12 +98,16 @@ def budget_run_ended(
     *, run: Run, reason: StopReason, dimension: str = "", detail: str = ""
 ) -> None:
     """The run ended: release what it still holds, say so if a run cap stopped it
-    (the ledger already said so for a tenant limit), and free its slot."""
+    (the ledger already said so for a tenant limit), and free its slot.
+
+    The queued runs start first: that locks the budget row, and the release then
+    locks counter rows, both held until the caller's transaction commits (the
+    ledger's one lock order: the budget row, then the counters)."""
+    runs_start_queued(tenant_id=run.tenant_id)
     budget_release_for_run(run_id=run.pk)
     if not dimension and reason in BUDGET_STOP_REASONS:
         payload = {"dimension": str(reason), "detail": detail, "kind": "run_cap"}
         run_budget_event(run, "budget.exhausted", payload)
-    runs_start_queued(tenant_id=run.tenant_id)
 
 
 @transaction.atomic

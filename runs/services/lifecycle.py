@@ -286,8 +286,10 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
         **run_finish_fields(state, StopReason.CANCELLED, Run.Status.CANCELLED),
     )
     locked.refresh_from_db()
+    # Its slot frees now; the budget row before the counters (the ledger's lock
+    # order: both stay locked until this transaction commits).
+    runs_start_queued(tenant_id=locked.tenant_id)
     budget_release_for_run(run_id=locked.id)
-    runs_start_queued(tenant_id=locked.tenant_id)  # its slot frees now
     return locked
 
 
