@@ -10,7 +10,7 @@ from django.db import InterfaceError, OperationalError
 
 from controlplane import metrics
 from controlplane.celery import worker_identity
-from runs.failpoints import failpoint
+from controlplane.failpoints import failpoint
 from runs.services import DatabaseLost, recover_stalled_runs, run_advance
 from runs.services.decide import approvals_expire
 from runs.services.retention import retention_sweep

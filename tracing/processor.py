@@ -14,12 +14,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from django.db import connection
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
+from controlplane.durability import connection_lost
 from controlplane.redaction import redact, redact_attributes
 from tracing.store import (
     PreparedSpans,
@@ -140,7 +142,8 @@ class SpanBatch:
             return
         try:
             spans_write(prepared)
-        except Exception:  # noqa: BLE001 - tracing never breaks a run
+        except Exception as exc:  # noqa: BLE001 - tracing never breaks a run
+            _unless_transaction_lost(exc)
             _not_stored(len(prepared.writes))
 
     def flush_from_timer(self) -> None:
@@ -151,6 +154,16 @@ class SpanBatch:
             self.flush()
         finally:
             connections.close_all()  # this thread's only
+
+
+def _unless_transaction_lost(exc: Exception) -> None:
+    """Re-raise a lost connection inside an enclosing transaction (a step's
+    commit). Swallowed, it left that transaction to roll back silently at its
+    end: the step went on as if its checkpoint had committed, kept its lease
+    unreleased and enqueued nothing, and the run waited out the lease (about
+    120 s after a PostgreSQL restart). Outside a transaction nothing else is lost."""
+    if connection.in_atomic_block and connection_lost(exc):
+        raise exc
 
 
 def _not_stored(count: int) -> None:
@@ -340,7 +353,8 @@ class RunSpanProcessor(SpanProcessor):
         span_batch_flush()  # what is batched happened first
         try:
             write()
-        except Exception:  # noqa: BLE001 - see the class docstring
+        except Exception as exc:  # noqa: BLE001 - see the class docstring
+            _unless_transaction_lost(exc)
             logger.warning("tracing: could not store span %s", span.name, exc_info=True)
 
     @staticmethod

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from controlplane.durability import recoverable_transaction
+from controlplane.failpoints import failpoint
 from controlplane.redaction import redact
 from tracing.models import Span, SpanPayload
 from tracing.payloads import PayloadMemo, payloads_split
@@ -182,7 +183,12 @@ def spans_write(spans: PreparedSpans) -> None:
 
 def _spans_write(spans: PreparedSpans, *, enclosed: bool) -> None:
     prepared, new_rows = spans.writes, spans.new_rows
+    in_savepoint = connection.in_atomic_block
     with telemetry_transaction():
+        if in_savepoint:
+            # Where a lost connection leaves the enclosing transaction (a
+            # step's commit) to roll back, unless tracing re-raises it.
+            failpoint("inside_span_savepoint")
         if spans.new_payloads:  # a payload stored already is the same by its hash
             SpanPayload.objects.bulk_create(spans.new_payloads, ignore_conflicts=True)
         for new in new_rows.values():

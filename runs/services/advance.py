@@ -18,9 +18,8 @@ from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-import psycopg
 from django.db import Error as DatabaseError
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from approvals.checks import (
@@ -38,7 +37,8 @@ from budgets.extensions import (
 from budgets.periods import BudgetRefusal
 from budgets.services import stop_reason_for
 from controlplane import metrics
-from controlplane.durability import recoverable_transaction
+from controlplane.durability import connection_lost, recoverable_transaction
+from controlplane.failpoints import failpoint
 from runs.engine.actions import (
     FinalAnswer,
     InvalidReply,
@@ -80,7 +80,6 @@ from runs.engine.tools import (
     may_rerun_after_crash,
     unknown_outcome_result,
 )
-from runs.failpoints import failpoint
 from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
@@ -133,29 +132,6 @@ class DatabaseLost(Exception):
     """The step lost its database connection (PostgreSQL restarted, the network
     dropped): it wrote nothing more, and its lease stays with this delivery,
     whose retry (same task id, so the same lease owner) takes it back at once."""
-
-
-# SQLSTATEs of a connection PostgreSQL ended: class 08 (connection exception),
-# and the server shutting down or starting (admin_shutdown, crash_shutdown,
-# cannot_connect_now).
-LOST_CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
-
-
-def connection_lost(exc: BaseException) -> bool:
-    """Whether `exc` is the database connection dying, as opposed to an error
-    the database answered on a live one (a deadlock, a cancelled statement).
-
-    Read from the driver's error, not from the connection: by the time the
-    error leaves `transaction.atomic`, Django has dropped the broken connection
-    and taken a new one from the pool."""
-    if not isinstance(exc, (OperationalError, InterfaceError)):
-        return False
-    cause = exc.__cause__
-    if not isinstance(cause, psycopg.Error):
-        return False  # SQLite's (a locked file is no lost connection)
-    state = cause.sqlstate
-    # None: raised by the client (the socket closed, no connection to be had).
-    return state is None or str(state).startswith(LOST_CONNECTION_STATES)
 
 
 class StepEnded(Exception):

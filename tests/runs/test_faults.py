@@ -303,27 +303,30 @@ def test_worker_killed_and_restarted_under_its_name_hands_its_runs_on_soon(
 @pytest.mark.skipif(
     connection.vendor != "postgresql", reason="cuts PostgreSQL's connections"
 )
+@pytest.mark.parametrize("where", ["after_tool_execute", "inside_span_savepoint"])
 def test_step_that_loses_the_database_mid_step_is_delivered_again_at_once(
-    shop, scripted_agent, tmp_path
+    where, shop, scripted_agent, tmp_path
 ):
-    """Item 6 (PostgreSQL restarted): a step's connection dies mid-step, after
-    its tool ran, while its worker (and its heartbeat) stays alive. PostgreSQL
-    ends every session of the database, as its restart does. The task used to
-    fail holding its 120 s lease, and the run waited the lease out (~130 s in
-    the soak); now the step is delivered again at once and the run ends as it
-    should, with no recovery pass: the read-only call run again, the model
-    asked no more than its two scripted replies."""
+    """Item 6 (PostgreSQL restarted): a step's connection dies mid-step while
+    its worker (and its heartbeat) stays alive. PostgreSQL ends every session
+    of the database, as its restart does, with the step held after its tool
+    ran, or inside the savepoint of its span records within a commit of the
+    step (a failure tracing used to swallow, so the step's transaction rolled
+    back silently and the step went on as if it had committed). The run used to fail, or
+    wait out its 120 s lease (~120 s in the soak); now the step is delivered
+    again at once and the run ends as it should, with no recovery pass: the
+    read-only call run again, the model asked no more than its two replies."""
     assert django_settings.RUN_LEASE_SECONDS == 120
     scripted_agent(LOOKUP_SCRIPT, ["lookup_order"])
     worker = start_worker(
         tmp_path,
-        extra_env={"RUN_FAILPOINTS": "after_tool_execute",
+        extra_env={"RUN_FAILPOINTS": where,
                    "RUN_FAILPOINT_ACTION": "pause",
                    "RUN_FAILPOINT_DIR": str(tmp_path)},
     )  # fmt: skip
     try:
         (run,) = start_runs(shop, 1)
-        marker = tmp_path / "failpoint-after_tool_execute"
+        marker = tmp_path / f"failpoint-{where}"
         wait_for(marker.exists, what="the step to reach the failpoint")
         with connection.cursor() as cursor:
             cursor.execute(
@@ -332,7 +335,7 @@ def test_step_that_loses_the_database_mid_step_is_delivered_again_at_once(
             )
             (cut,) = cursor.fetchone()
         assert cut >= 1  # the step's connection at least
-        (tmp_path / "failpoint-after_tool_execute.resume").touch()
+        (tmp_path / f"failpoint-{where}.resume").touch()
         run = wait_for(lambda: settled(run), timeout=20)
     finally:
         worker.stop()
