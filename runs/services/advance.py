@@ -589,12 +589,15 @@ def _note_on_observation(
     content = ctx.state.transcript.note_on_result(call.call_id, note)
     if content is None:
         return
+    # The call just ran: its result waits for the step's next write (`_record`),
+    # so the note goes into the observation that write stores, with no re-read
+    # and second update of the row.
+    pending = next(w for w in ctx.unsaved_results if w.row_id == row.id)
+    pending.fields["observation"] = {
+        **pending.fields["observation"],
+        "content": content,
+    }
     with recoverable_transaction():
-        ctx.save_results()
-        row.refresh_from_db()
-        observation = dict(row.observation or {})
-        observation["content"] = content
-        ToolCallRow.objects.filter(id=row.id).update(observation=observation)
         ctx.checkpoint()
 
 

@@ -408,3 +408,32 @@ def test_an_approval_that_meets_the_rule_that_decides_now_still_runs(
     run = drive(run)
     assert list(Refund.objects.values_list("amount", flat=True)) == [Decimal("50")]
     assert ToolCall.objects.get(run=run).status == "succeeded"
+
+
+def test_the_edit_note_goes_into_the_result_as_it_is_stored_without_a_re_read(
+    waiting_run, operator_user
+):
+    """The note on an edited call is added to the result the step stores with
+    its next write: the call's row is not read back and updated a second time."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run, approval = waiting_run(script_of(call("refund", REFUND_ARGS)))
+    approval_decide(
+        request=approval,
+        decided_by=operator_user,
+        approve=True,
+        args={**REFUND_ARGS, "amount": 20},
+    )
+    row = ToolCall.objects.get(run=run)
+    with CaptureQueriesContext(connection) as queries:
+        run = drive(run)
+    row.refresh_from_db()
+    assert row.status == "succeeded"
+    assert "changed by oscar-operator" in row.observation["content"]
+    observation_writes = [
+        q["sql"]
+        for q in queries
+        if q["sql"].startswith('UPDATE "runs_toolcall"') and '"observation"' in q["sql"]
+    ]
+    assert len(observation_writes) == 1  # the result's, note included
