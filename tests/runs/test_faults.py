@@ -334,6 +334,9 @@ def test_step_that_loses_the_database_mid_step_is_delivered_again_at_once(
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
             (cut,) = cursor.fetchone()
+        # The cut also ended this process's idle pooled connections: the pool
+        # replaces them, or the next test would be handed a dead one.
+        connection.pool.check()
         assert cut >= 1  # the step's connection at least
         (tmp_path / f"failpoint-{where}.resume").touch()
         run = wait_for(lambda: settled(run), timeout=20)
