@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from django.db import connection
 from opentelemetry.context import Context
@@ -52,10 +52,10 @@ logger = logging.getLogger(__name__)
 RUN_ID_KEY = "cp.run.id"
 TENANT_ID_KEY = "cp.tenant.id"
 
-# False, or "start" (a long-lived span starts: its row is written), or "resume"
-# (a stored one is started again to be ended: its row exists, only its end is).
-_long_lived: contextvars.ContextVar[str | bool] = contextvars.ContextVar(
-    "tracing_long_lived", default=False
+# "" (an ordinary span), "start" (a long-lived span starts: its row is written),
+# or "resume" (a stored one is started again to be ended: only its end is).
+_long_lived: contextvars.ContextVar[Literal["", "start", "resume"]] = (
+    contextvars.ContextVar("tracing_long_lived", default="")
 )
 
 
