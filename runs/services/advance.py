@@ -14,8 +14,10 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NoReturn
 
 from django.db import Error as DatabaseError
@@ -162,7 +164,10 @@ class ResultWrite:
 class StepContext:
     run: Run
     state: EngineState
-    runtime: RunRuntime
+    # Builds the run's model client, tools and evaluator: only once the step
+    # knows it goes on (a cancelled run is ended without them, so a client that
+    # cannot be built never keeps a cancel from taking effect).
+    build_runtime: Callable[[], RunRuntime]
     started: float
     base_wall_seconds: float
     # Results recorded in the transcript, to be stored on their rows by the
@@ -171,6 +176,10 @@ class StepContext:
     # The last write proved no cancel was requested, and nothing ran since: the
     # next call needs no read of the flag (see `_read_before_call`).
     not_cancelled: bool = False
+
+    @cached_property
+    def runtime(self) -> RunRuntime:
+        return self.build_runtime()
 
     def elapsed(self) -> float:
         return self.base_wall_seconds + time.monotonic() - self.started
@@ -219,7 +228,7 @@ def run_advance(
     ctx = StepContext(
         run=run,
         state=state,
-        runtime=runtime_for(
+        build_runtime=lambda: runtime_for(
             run, replies_consumed=run.steps, budget=lease.budget, price=lease.price
         ),
         started=time.monotonic(),

@@ -7,6 +7,7 @@ import logging
 import uuid
 from typing import Any, NamedTuple
 
+import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -19,6 +20,7 @@ from budgets.models import Budget
 from budgets.prices import PriceLookup, model_price_for
 from budgets.services import tenant_run_ceiling
 from controlplane import metrics
+from controlplane.celery import workers_gone
 from controlplane.durability import recoverable_transaction
 from controlplane.models import Tenant
 from controlplane.services import audit_record
@@ -262,7 +264,7 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
         object_id=str(locked.id),
         before={"status": locked.status},
     )
-    if locked.status == Run.Status.RUNNING and locked.lease_owner:
+    if locked.status == Run.Status.RUNNING and _lease_alive(locked):
         # The worker in the step stops at its next phase boundary. The version
         # stays: bumping it would make the worker's next write lose its lease,
         # and the run would wait out the lease before anything cancelled it.
@@ -281,6 +283,8 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
         cancel_requested=True,
         version=F("version") + 1,
         step_token=None,
+        lease_owner="",  # a dead step's (see _lease_alive)
+        lease_expires_at=None,
         engine_state=state.to_dict(),
         **counters_from_state(state),
         **run_finish_fields(state, StopReason.CANCELLED, Run.Status.CANCELLED),
@@ -291,6 +295,24 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
     runs_start_queued(tenant_id=locked.tenant_id)
     budget_release_for_run(run_id=locked.id)
     return locked
+
+
+def _lease_alive(run: Run) -> bool:
+    """Whether a worker may still be inside the run's step: it holds a lease that
+    has not run out, and its worker's heartbeat has not stopped. A lease left by
+    a step that died (its worker gone, or a delivery that raised) would keep a
+    cancel waiting for a step that never comes: such a run is cancelled now,
+    and the version bump makes a late write of the old holder lose its lease."""
+    if not run.lease_owner:
+        return False
+    if run.lease_expires_at is None or run.lease_expires_at <= timezone.now():
+        return False
+    if not run.lease_worker:
+        return True
+    try:
+        return run.lease_worker not in workers_gone([run.lease_worker])
+    except redis.RedisError:  # unknown: let the step see the flag
+        return True
 
 
 def _approvals_cancel(run: Run) -> None:
