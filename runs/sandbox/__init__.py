@@ -9,6 +9,7 @@ from .runner import run_in_sandbox
 from .spare import release_spares
 from .spec import (
     HostPort,
+    InjectedCredential,
     Limits,
     NetworkPolicy,
     SandboxSettings,
@@ -21,6 +22,7 @@ from .workspace import workspace_create, workspace_release
 __all__ = [
     "HostCapabilities",
     "HostPort",
+    "InjectedCredential",
     "JanitorReport",
     "Limits",
     "NetworkPolicy",

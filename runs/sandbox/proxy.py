@@ -10,12 +10,24 @@ request:
 2. resolves the name itself and refuses if ANY resolved address is loopback, private,
    link-local, metadata, multicast, reserved or otherwise not global. The check runs on
    the resolved address with `ipaddress`, so 2130706433, 0177.0.0.1, 0x7f.1 and
-   ::ffff:127.0.0.1 are all the same 127.0.0.1;
-3. connects to the pinned address (not the name again, so DNS rebinding between check
-   and connect is impossible) and re-checks the peer address.
+   ::ffff:127.0.0.1 are all the same 127.0.0.1. An entry the admin marked `private:`
+   may reach loopback, private and link-local addresses; metadata, multicast,
+   unspecified and reserved ones stay refused for every entry;
+3. connects to the pinned addresses (not the name again, so DNS rebinding between
+   check and connect is impossible) and re-checks the peer address.
 
-It is a tunnel, so it follows no redirects: a 3xx goes back to the client, whose next
-request comes through these same checks.
+For a target with an injected credential the sandbox sends plain HTTP
+(`GET http://host:port/path`); the proxy removes any header of the credential's name
+the client sent, adds the real one, and opens TLS to the upstream itself when the
+credential says so (verified against the system CAs or the operator's CA file, SNI
+and hostname = the listed name). A CONNECT to such a target is refused: the proxy
+cannot add a header inside a tunnel it cannot read, and the refusal says what to do.
+Only one request per connection is forwarded (`Connection: close` upstream).
+
+It follows no redirects: a 3xx goes back to the client, whose next request comes
+through these same checks. Each connection is logged (`log`): target, resolved
+address, decision, reason, bytes each way, and the credential's secret name (never
+its value); past `max_log` entries only the counts grow.
 """
 
 from __future__ import annotations
@@ -23,13 +35,15 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .spec import HostPort
+from .spec import HostPort, InjectedCredential
 
 Resolver = Callable[[str, int], list[str]]
 
@@ -40,6 +54,7 @@ _METADATA = {
     ipaddress.ip_address("168.63.129.16"),  # Azure wireserver
 }
 _MAX_HEAD = 16384
+MAX_LOG_ENTRIES = 200
 
 
 def default_resolver(host: str, port: int) -> list[str]:
@@ -57,8 +72,12 @@ def _numeric_address(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-def address_refusal(address: str, *, allow_loopback: bool = False) -> str | None:
-    """Why `address` must not be reached, or None if it may be."""
+def address_refusal(
+    address: str, *, allow_loopback: bool = False, allow_private: bool = False
+) -> str | None:
+    """Why `address` must not be reached, or None if it may be. `allow_private`
+    (an admin's `private:` entry) lets loopback, private and link-local through;
+    metadata, multicast, unspecified and reserved addresses are always refused."""
     try:
         ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
             address.split("%", 1)[0]
@@ -72,16 +91,20 @@ def address_refusal(address: str, *, allow_loopback: bool = False) -> str | None
             ip = ip.sixtofour
         elif ip.teredo is not None:
             return "teredo tunnel address"
-    if ip.is_loopback:
-        return None if allow_loopback else "loopback address"
     if ip in _METADATA:
         return "cloud metadata address"
+    if ip.is_multicast or ip.is_unspecified:
+        return "multicast, reserved or unspecified address"
+    if ip.is_loopback:
+        return None if allow_loopback or allow_private else "loopback address"
+    if ip.is_reserved:
+        return "multicast, reserved or unspecified address"
+    if allow_private:
+        return None
     if ip.is_link_local:
         return "link-local address"
     if ip.is_private:
         return "private address"
-    if ip.is_multicast or ip.is_reserved or ip.is_unspecified:
-        return "multicast, reserved or unspecified address"
     if not ip.is_global:
         return "non-global address"
     return None
@@ -95,21 +118,40 @@ class EgressProxy:
         socket_path: str,
         allow: tuple[HostPort, ...],
         *,
+        credentials: tuple[InjectedCredential, ...] = (),
         resolver: Resolver | None = None,
         allow_loopback: bool = False,
         connect_timeout: float = 10.0,
+        tls_context: ssl.SSLContext | None = None,
+        max_log: int = MAX_LOG_ENTRIES,
     ) -> None:
         self.socket_path = socket_path
-        self.allow = {(t.host.lower(), t.port) for t in allow}
+        # An entry listed both plain and `private:` is private: the admin said so.
+        self.allow: dict[tuple[str, int], HostPort] = {}
+        for target in allow:
+            key = (target.host.lower(), target.port)
+            if key not in self.allow or target.private:
+                self.allow[key] = target
+        self.credentials = {(c.host.lower(), c.port): c for c in credentials}
         self.resolver = resolver or default_resolver
         self.allow_loopback = allow_loopback
         self.connect_timeout = connect_timeout
+        self._tls_context = tls_context
+        self.max_log = max_log
         self.log: list[dict[str, Any]] = []
+        # Every connection by decision, the ones past `max_log` included.
+        self.counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._open: set[socket.socket] = set()
         self._stopping = False
+
+    @property
+    def tls_context(self) -> ssl.SSLContext:
+        if self._tls_context is None:
+            self._tls_context = ssl.create_default_context()
+        return self._tls_context
 
     def start(self) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -157,27 +199,55 @@ class EgressProxy:
 
     def _record(self, entry: dict[str, Any]) -> None:
         entry["at"] = time.time()
+        entry.setdefault("decision", "error")
         with self._lock:
-            self.log.append(entry)
+            decision = str(entry["decision"])
+            self.counts[decision] = self.counts.get(decision, 0) + 1
+            if len(self.log) < self.max_log:
+                self.log.append(entry)
 
     def decide(self, host: str, port: int) -> tuple[str | None, str]:
-        """(address to connect to, "") or (None, reason). Sends no packet."""
+        """(first address to connect to, "") or (None, reason). Sends no packet."""
+        addresses, reason = self.decide_all(host, port)
+        return (addresses[0], "") if addresses else (None, reason)
+
+    def decide_all(self, host: str, port: int) -> tuple[list[str], str]:
+        """(every resolved address, all checked, "") or ([], reason)."""
         host = host.lower().rstrip(".").strip("[]")
-        if (host, port) not in self.allow:
-            return None, "not on the allowlist"
+        target = self.allow.get((host, port))
+        if target is None:
+            return [], "not on the allowlist"
         try:
             # An IP literal in any spelling (2130706433, 0177.0.0.1, 0x7f.1, ::ffff:..)
             # is decoded here without DNS; only real names go to the resolver.
             addresses = _numeric_address(host, port) or self.resolver(host, port)
         except OSError as exc:
-            return None, f"resolution failed: {exc}"
+            return [], f"resolution failed: {exc}"
         if not addresses:
-            return None, "resolution returned no address"
+            return [], "resolution returned no address"
         for address in addresses:
-            reason = address_refusal(address, allow_loopback=self.allow_loopback)
+            reason = self._refusal(address, target)
             if reason:
-                return None, f"{address}: {reason}"
-        return addresses[0], ""
+                return [], f"{address}: {reason}"
+        return addresses, ""
+
+    def _refusal(self, address: str, target: HostPort) -> str | None:
+        return address_refusal(
+            address, allow_loopback=self.allow_loopback, allow_private=target.private
+        )
+
+    def _connect(self, addresses: list[str], port: int) -> socket.socket:
+        """The first pinned address that answers (localhost may be ::1 and
+        127.0.0.1, a server listening on one of them)."""
+        error: OSError = OSError("no address")
+        for address in addresses:
+            try:
+                return socket.create_connection(
+                    (address, port), timeout=self.connect_timeout
+                )
+            except OSError as exc:
+                error = exc
+        raise error
 
     def _serve(self, client: socket.socket) -> None:
         self._track(client)
@@ -189,45 +259,80 @@ class EgressProxy:
             entry["method"] = method
             if method == "CONNECT":
                 host, port = _split_host_port(target, default_port=443)
-                forward: bytes | None = None
+                path = ""
             else:
                 host, port, path = _split_url(target)
-                forward = _rewrite_request(method, path, version, header_lines) + rest
-            entry["target"] = f"{host}:{port}"
-            address, reason = self.decide(host, port)
-            if address is None:
+            host = host.lower().rstrip(".").strip("[]")
+            entry.update(host=host, port=port, target=f"{host}:{port}")
+            credential = self.credentials.get((host, port))
+            if credential is not None:
+                entry["credential"] = credential.secret_name
+            addresses, reason = self.decide_all(host, port)
+            if not addresses:
                 entry.update(decision="deny", reason=reason)
                 client.sendall(_response(403, f"sandbox proxy: {reason}"))
                 return
-            entry.update(decision="allow", address=address, connect_attempted=True)
-            upstream = socket.create_connection(
-                (address, port), timeout=self.connect_timeout
-            )
+            if credential is not None and method == "CONNECT":
+                reason = (
+                    "the proxy adds this host's credential: send plain "
+                    f"http://{host}:{port}/... requests through the proxy "
+                    "(it opens TLS itself), not CONNECT"
+                )
+                entry.update(decision="deny", reason=reason)
+                client.sendall(_response(403, f"sandbox proxy: {reason}"))
+                return
+            entry.update(connect_attempted=True, addresses=addresses)
+            upstream = self._connect(addresses, port)
             self._track(upstream)
             peer = str(upstream.getpeername()[0])
-            peer_reason = address_refusal(peer, allow_loopback=self.allow_loopback)
+            entry["address"] = peer
+            assert (host, port) in self.allow
+            peer_reason = self._refusal(peer, self.allow[(host, port)])
             if peer_reason:
                 entry.update(decision="deny", reason=f"peer {peer}: {peer_reason}")
                 client.sendall(_response(403, "sandbox proxy: peer refused"))
                 return
+            entry["decision"] = "allow"
+            if credential is not None and credential.tls:
+                entry["tls"] = True
+                upstream.settimeout(self.connect_timeout)
+                plain = upstream
+                upstream = self.tls_context.wrap_socket(plain, server_hostname=host)
+                self._track(upstream)
             upstream.settimeout(None)
-            if forward is None:
+            if method == "CONNECT":
                 client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                if rest:
-                    upstream.sendall(rest)
+                first = rest
             else:
-                upstream.sendall(forward)
+                first = (
+                    _rewrite_request(method, path, version, header_lines, credential)
+                    + rest
+                )
             entry["connected"] = True
-            _relay(client, upstream)
+            if first:
+                upstream.sendall(first)
+            if isinstance(upstream, ssl.SSLSocket):
+                sent, received = _relay_one_thread(client, upstream)
+            else:
+                sent, received = _relay(client, upstream)
+            entry.update(bytes_out=len(first) + sent, bytes_in=received)
         except _BadRequest as exc:
             entry.update(decision="deny", reason=str(exc))
             with contextlib.suppress(OSError):
                 client.sendall(_response(400, f"sandbox proxy: {exc}"))
-        except OSError as exc:
-            entry.setdefault("decision", "error")
-            entry["reason"] = f"upstream error: {exc}"
+        except ssl.SSLError as exc:
+            entry["decision"] = "error"
+            entry["reason"] = f"upstream TLS failed: {exc.reason or exc}"
             with contextlib.suppress(OSError):
-                client.sendall(_response(502, "sandbox proxy: upstream unreachable"))
+                client.sendall(_response(502, "sandbox proxy: upstream TLS failed"))
+        except OSError as exc:
+            if entry.get("decision") != "allow" or not entry.get("connected"):
+                entry["decision"] = "error"
+                entry["reason"] = f"upstream error: {exc}"
+                with contextlib.suppress(OSError):
+                    client.sendall(
+                        _response(502, "sandbox proxy: upstream unreachable")
+                    )
         finally:
             self._record(entry)
             for sock in (client, upstream):
@@ -290,8 +395,22 @@ def _split_url(url: str) -> tuple[str, int, str]:
     return host, port, slash + path if slash else "/"
 
 
-def _rewrite_request(method: str, path: str, version: str, headers: list[str]) -> bytes:
-    kept = [h for h in headers if not h.lower().startswith(("proxy-", "connection:"))]
+_HOP_BY_HOP = ("proxy-", "connection:", "keep-alive:")
+
+
+def _rewrite_request(
+    method: str,
+    path: str,
+    version: str,
+    headers: list[str],
+    credential: InjectedCredential | None = None,
+) -> bytes:
+    kept = [h for h in headers if not h.lower().startswith(_HOP_BY_HOP)]
+    if credential is not None:
+        # Whatever the program sent under the credential's name is replaced.
+        name = credential.header.lower() + ":"
+        kept = [h for h in kept if not h.lower().replace(" ", "").startswith(name)]
+        kept.append(f"{credential.header}: {credential.value}")
     lines = [f"{method} {path} {version}", *kept, "Connection: close", "", ""]
     return "\r\n".join(lines).encode("latin-1")
 
@@ -307,21 +426,62 @@ def _response(code: int, message: str) -> bytes:
     ).encode() + body
 
 
-def _relay(a: socket.socket, b: socket.socket) -> None:
-    def one_way(src: socket.socket, dst: socket.socket) -> None:
+def _relay(a: socket.socket, b: socket.socket) -> tuple[int, int]:
+    """Copy both ways until both ends close; (bytes a->b, bytes b->a)."""
+    counted = [0, 0]
+
+    def one_way(src: socket.socket, dst: socket.socket, slot: int) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
                 dst.sendall(data)
+                counted[slot] += len(data)
         except OSError:
             pass
         finally:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
 
-    other = threading.Thread(target=one_way, args=(b, a), daemon=True)
+    other = threading.Thread(target=one_way, args=(b, a, 1), daemon=True)
     other.start()
-    one_way(a, b)
+    one_way(a, b, 0)
     other.join()
+    return counted[0], counted[1]
+
+
+def _relay_one_thread(
+    client: socket.socket, upstream: ssl.SSLSocket
+) -> tuple[int, int]:
+    """Like _relay, for a TLS upstream: one thread, since an SSL object must not be
+    read and written from two threads at once, and no half-close of the TLS side
+    (SSLSocket.shutdown drops the TLS layer). Ends when the upstream closes."""
+    sent = received = 0
+    client_open = True
+    while True:
+        if upstream.pending():
+            readable: list[Any] = [upstream]
+        else:
+            waiting = [client, upstream] if client_open else [upstream]
+            readable = select.select(waiting, [], [])[0]
+        if upstream in readable:
+            try:
+                data = upstream.recv(65536)
+            except ssl.SSLWantReadError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                with contextlib.suppress(OSError):
+                    client.shutdown(socket.SHUT_WR)
+                return sent, received
+            client.sendall(data)
+            received += len(data)
+        if client_open and client in readable:
+            data = client.recv(65536)
+            if not data:
+                client_open = False
+                continue
+            upstream.sendall(data)
+            sent += len(data)

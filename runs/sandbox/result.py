@@ -58,7 +58,10 @@ class SandboxResult:
     core_dumped: bool = False
     retryable: bool = False
     counters: dict[str, int] = field(default_factory=dict)
+    # One entry per proxy connection (the first MAX_LOG_ENTRIES), and every
+    # connection counted by decision ("allow", "deny", "error").
     network_log: list[dict[str, Any]] = field(default_factory=list)
+    network_counts: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict."""

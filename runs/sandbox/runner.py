@@ -10,6 +10,7 @@ import os
 import select
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass
@@ -197,8 +198,10 @@ class _Run:
                 self.proxy = EgressProxy(
                     socket_path,
                     self.spec.network.allow,
+                    credentials=self.spec.network.credentials,
                     resolver=self.settings.resolver,
                     allow_loopback=self.settings.allow_loopback_targets,
+                    tls_context=_upstream_tls(self.settings),
                 )
                 self.proxy.start()
                 extra_binds.append((socket_path, launch.PROXY_SOCKET_INSIDE))
@@ -637,6 +640,7 @@ class _Run:
             retryable=False,
             counters=counters,
             network_log=list(self.proxy.log) if self.proxy is not None else [],
+            network_counts=dict(self.proxy.counts) if self.proxy is not None else {},
         )
 
 
@@ -717,6 +721,14 @@ def _refused(refused: PathRefused, enforcement: dict[str, Any]) -> SandboxResult
         enforcement=enforcement,
         reap_confirmed=True,  # nothing was spawned
     )
+
+
+def _upstream_tls(settings: SandboxSettings) -> ssl.SSLContext | None:
+    """The context the proxy verifies upstream TLS with: the operator's CA file, or
+    None for the system CAs (made on first use)."""
+    if not settings.egress_ca_file:
+        return None
+    return ssl.create_default_context(cafile=settings.egress_ca_file)
 
 
 def _remove_and_prepare(

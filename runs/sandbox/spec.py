@@ -34,26 +34,83 @@ class SandboxSpecError(ValueError):
     """The spec is invalid; nothing was spawned."""
 
 
+# The prefix of an allowlist entry an admin marks as private: its host may resolve
+# to (or be) a loopback, private or link-local address. Never cloud metadata.
+PRIVATE_PREFIX = "private:"
+
+
 @dataclass(frozen=True)
 class HostPort:
-    """One allowlisted egress target."""
+    """One allowlisted egress target. `private`: the admin listed it as a private
+    destination, so loopback, private and link-local addresses are not refused."""
 
     host: str
     port: int
+    private: bool = False
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"[{self.host}]:{self.port}"
             if ":" in self.host
             else f"{self.host}:{self.port}"
         )
+        return PRIVATE_PREFIX + text if self.private else text
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+    @classmethod
+    def parse(cls, text: str) -> HostPort:
+        """`host:port`, `[v6]:port`, either behind `private:`; SandboxSpecError if
+        malformed (the message says which form is expected)."""
+        if not isinstance(text, str):
+            raise SandboxSpecError("an egress target must be a string 'HOST:PORT'")
+        item = text.strip()
+        private = item.lower().startswith(PRIVATE_PREFIX)
+        if private:
+            item = item[len(PRIVATE_PREFIX) :]
+        m = _HOST_PORT.match(item)
+        if not m:
+            raise SandboxSpecError(
+                f"{text!r} is not HOST:PORT (IPv6 as [ADDR]:PORT, optionally "
+                f"behind {PRIVATE_PREFIX!r})"
+            )
+        port = int(m.group("port"))
+        if not 1 <= port <= 65535:
+            raise SandboxSpecError(f"port out of range in {text!r}")
+        host = (m.group("v6") or m.group("host") or "").lower().rstrip(".")
+        if not host or host.startswith(".") or ".." in host:
+            raise SandboxSpecError(f"empty or malformed host in {text!r}")
+        return cls(host, port, private)
+
+
+@dataclass(frozen=True)
+class InjectedCredential:
+    """A header the proxy adds to requests for one target; the sandbox never sees
+    `value`. `tls`: the proxy opens TLS to the upstream itself (the sandbox sends it
+    plain HTTP), verified against the system CAs or `SandboxSettings.egress_ca_file`.
+    """
+
+    host: str
+    port: int
+    header: str
+    value: str = field(repr=False)
+    tls: bool
+    secret_name: str = ""  # only the name: it may be logged and shown
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.host, self.port)
 
 
 @dataclass(frozen=True)
 class NetworkPolicy:
-    """`none` (loopback only) or an allowlist reached through the runner's proxy."""
+    """`none` (loopback only) or an allowlist reached through the runner's proxy,
+    with the credentials it injects for some of the listed targets."""
 
     allow: tuple[HostPort, ...] = ()
+    credentials: tuple[InjectedCredential, ...] = field(default=(), repr=False)
 
     @property
     def is_none(self) -> bool:
@@ -61,27 +118,34 @@ class NetworkPolicy:
 
     @classmethod
     def parse(cls, text: str) -> NetworkPolicy:
-        """Parse `none` or `host:port,host:port`."""
+        """Parse `none` or `host:port,private:host:port,...`."""
         text = text.strip()
         if text == "none":
             return cls()
         targets: list[HostPort] = []
         for item in text.split(","):
-            item = item.strip()
-            m = _HOST_PORT.match(item)
-            if not m:
+            try:
+                targets.append(HostPort.parse(item))
+            except SandboxSpecError as exc:
                 raise SandboxSpecError(
-                    f"unknown network spec {item!r}: "
-                    "use 'none' or HOST:PORT[,HOST:PORT...]"
-                )
-            port = int(m.group("port"))
-            if not 1 <= port <= 65535:
-                raise SandboxSpecError(f"port out of range in network spec {item!r}")
-            host = (m.group("v6") or m.group("host") or "").lower().rstrip(".")
-            if not host:
-                raise SandboxSpecError(f"empty host in network spec {item!r}")
-            targets.append(HostPort(host, port))
+                    f"unknown network spec: {exc}; use 'none' or "
+                    "HOST:PORT[,HOST:PORT...]"
+                ) from None
         return cls(tuple(targets))
+
+    def validate(self) -> None:
+        listed = {target.key for target in self.allow}
+        for credential in self.credentials:
+            if credential.key not in listed:
+                raise SandboxSpecError(
+                    f"a credential for {credential.host}:{credential.port}, "
+                    "which is not on the allowlist"
+                )
+            if any(c in credential.value for c in "\r\n\x00"):
+                raise SandboxSpecError(
+                    f"the credential for {credential.host}:{credential.port} "
+                    "contains a line break or NUL and cannot be sent as a header"
+                )
 
 
 @dataclass(frozen=True)
@@ -213,6 +277,9 @@ class SandboxSettings:
     allow_loopback_targets: bool = False
     resolver: Resolver | None = None
     proxy_port: int = 3128
+    # CA bundle the proxy verifies upstream TLS against when it opens TLS itself
+    # (credentialed targets); None: the system's CAs.
+    egress_ca_file: str | None = None
 
     def validate(self) -> None:
         if self.init not in ("auto", "python"):
@@ -253,6 +320,7 @@ def validate_spec(spec: SandboxSpec, settings: SandboxSettings) -> Path:
         raise SandboxSpecError(
             "network must be a NetworkPolicy (see NetworkPolicy.parse)"
         )
+    spec.network.validate()
     for key, value in spec.env.items():
         if not _ENV_NAME.match(key) or "\x00" in value:
             raise SandboxSpecError(f"invalid environment variable name {key!r}")
