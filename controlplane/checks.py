@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from controlplane import redis_probe
+from controlplane import redis_probe, secret_keys
 
 
 @register()
@@ -76,3 +76,25 @@ def model_deadline_inside_lease(app_configs: Any, **kwargs: Any) -> list[CheckMe
             id="controlplane.W004",
         )
     ]
+
+
+@register()
+def secret_store_keys(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
+    """A store without a usable key would refuse every secret at run time."""
+    messages: list[CheckMessage] = [
+        Error(
+            f"Secret store: {problem}.",
+            hint=secret_keys.HINT,
+            id="controlplane.E010",
+        )
+        for problem in secret_keys.key_problems()
+    ]
+    messages += [
+        Warning(
+            f"Secret store: {problem}.",
+            hint="chmod 600 it, or set CONTROLPLANE_SECRET_KEYS.",
+            id="controlplane.W010",
+        )
+        for problem in secret_keys.dev_key_file_warnings()
+    ]
+    return messages

@@ -123,10 +123,57 @@ class IdempotencyKey(models.Model):
         return f"{self.operation} {self.key!r}"
 
 
+class Secret(models.Model):
+    """A tenant's named secret, encrypted at rest (controlplane.secrets).
+
+    The value is never stored in the clear and never read back through the API:
+    only the process that hands it to the model client or the MCP connection
+    that needs it decrypts it.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # The unique index below starts with the tenant: no index of its own.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="secrets", db_index=False
+    )
+    name = models.CharField(max_length=64)
+    # A Fernet token of the value bound to its tenant and name; `key_id` is the
+    # fingerprint of the key that made it (rotate_secret_keys re-encrypts).
+    ciphertext = models.TextField()
+    key_id = models.CharField(max_length=16)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "name"], name="secret_name_unique_per_tenant"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"secret {self.name} of {self.tenant_id}"
+
+
 __all__ = [
     "ApiToken",
     "AuditEvent",
     "Membership",
     "Role",
+    "Secret",
     "Tenant",
 ]

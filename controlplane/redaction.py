@@ -11,7 +11,10 @@ redacted by key as well, so serialized tool arguments and a model's
 Spans, their payloads and run events are redacted before they are written,
 streamed or exported; rows that keep raw values because a tool must execute
 with them (tool calls, steps, approvals, the engine state) are redacted when an
-API serializes them; the logging filter redacts every record. It sits on the
+API serializes them; the logging filter redacts every record. The values of
+tenant secrets this process has handled (controlplane.secrets) are hidden
+wherever they appear, whatever key or pattern surrounds them: a second layer
+behind the rule that a secret never reaches any of these. It sits on the
 ground floor (controlplane) because every app redacts: the audit API as much as
 tracing and runs.
 """
@@ -24,6 +27,7 @@ import hmac
 import json
 import logging
 import re
+import threading
 import traceback
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -57,6 +61,47 @@ _URL_PASSWORD = re.compile(
     r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.\-]{0,30}://[^/\s:@]{1,256}:)[^@\s/]{1,256}@"
 )
 _DEFAULT_KEYS = ("password", "secret", "api_key", "authorization", "token")
+
+
+# The tenant secret values this process has set or decrypted, in every form
+# they take in text (as is, and JSON-escaped); the most recent are kept. Shorter
+# values are not scrubbed: hiding every "abc" would garble text and protect
+# nothing a guess would not find.
+_KNOWN_SECRETS_MAX = 4096
+_KNOWN_SECRET_MIN_CHARS = 4
+_known_secrets: dict[str, None] = {}
+_known_secrets_pattern: re.Pattern[str] | None = None
+_known_secrets_lock = threading.Lock()
+
+
+def secret_value_known(value: str) -> None:
+    """Hide `value` from now on wherever redaction runs in this process."""
+    global _known_secrets_pattern
+    forms = {
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+    }
+    with _known_secrets_lock:
+        fresh = [
+            form
+            for form in forms
+            if len(form) >= _KNOWN_SECRET_MIN_CHARS and form not in _known_secrets
+        ]
+        if not fresh:
+            return
+        for form in fresh:
+            _known_secrets[form] = None
+        while len(_known_secrets) > _KNOWN_SECRETS_MAX:
+            del _known_secrets[next(iter(_known_secrets))]
+        # Longest first: a value that contains another is hidden whole.
+        ordered = sorted(_known_secrets, key=len, reverse=True)
+        _known_secrets_pattern = re.compile("|".join(map(re.escape, ordered)))
+
+
+def scrub_known_secrets(text: str) -> str:
+    pattern = _known_secrets_pattern
+    return text if pattern is None else pattern.sub(REDACTED, text)
 
 
 def _redacted_keys() -> frozenset[str]:
@@ -109,6 +154,8 @@ def _key_value_pattern(secret: frozenset[str]) -> re.Pattern[str] | None:
 def redact_text(value: str, *, keys: frozenset[str] | None = None) -> str:
     """Replace credential-looking substrings and listed keys' values in `value`;
     a string that holds a JSON object or array is redacted as that JSON."""
+    # Outside the memo below: its verdicts predate values learnt since.
+    value = scrub_known_secrets(value)
     if len(value) < 8:
         return value
     secret = keys if keys is not None else _redacted_keys()

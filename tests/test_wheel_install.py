@@ -144,6 +144,7 @@ def _run(venv: Path, root: Path, *argv: str) -> subprocess.CompletedProcess[str]
         "DJANGO_SETTINGS_MODULE": "controlplane.settings",
         "DEBUG": "false",
         "SECRET_KEY": "wheel-smoke-" + "k" * 50,
+        "CONTROLPLANE_SECRET_KEYS": settings.SECRET_STORE_KEYS[0],
         "ALLOWED_HOSTS": "testserver",
         "SECURE_COOKIES": "false",
         "DATABASE_URL": f"sqlite:///{root / 'db.sqlite3'}",

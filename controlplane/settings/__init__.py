@@ -12,6 +12,7 @@ from controlplane.settings.broker import *  # noqa: F403
 from controlplane.settings.budgets import *  # noqa: F403
 from controlplane.settings.database import *  # noqa: F403
 from controlplane.settings.runs import *  # noqa: F403
+from controlplane.settings.secret_store import *  # noqa: F403
 from controlplane.settings.telemetry import *  # noqa: F403
 from controlplane.settings.tracing import *  # noqa: F403
 

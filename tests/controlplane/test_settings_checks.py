@@ -29,6 +29,19 @@ def test_defaults_pass_the_checks():
     assert "no issues" in result.stdout
 
 
+def test_debug_off_without_a_secret_store_key_is_an_error_with_a_hint():
+    result = run_check(DEBUG="false", SECRET_KEY="k" * 50, CONTROLPLANE_SECRET_KEYS="")
+    assert result.returncode != 0
+    assert "controlplane.E010" in result.stderr
+    assert "HINT: Set CONTROLPLANE_SECRET_KEYS" in result.stderr
+    malformed = run_check(CONTROLPLANE_SECRET_KEYS="not-a-key")
+    assert malformed.returncode != 0
+    assert "key 1 of 1 in CONTROLPLANE_SECRET_KEYS is not a Fernet key" in (
+        malformed.stderr
+    )
+    assert "not-a-key" not in malformed.stderr
+
+
 def test_debug_off_with_the_dev_secret_key_is_an_error_with_a_hint():
     result = run_check(DEBUG="false", SECRET_KEY="")
     environ_key = run_check(DEBUG="false")
