@@ -431,15 +431,45 @@ class ToolRecorder:
                         attributes[f"cp.sandbox.{group}.{key}"] = _json(item)
             elif isinstance(value, (str, bool, int, float)):
                 attributes[f"cp.sandbox.{group}"] = value
+        counts = report.get("network_counts")
+        if isinstance(counts, dict):
+            for decision, count in counts.items():
+                attributes[f"cp.sandbox.egress.{decision}"] = int(count)
         span = tracer().start_span(
             "sandbox",
             start_time=end - int(float(duration_ms) * 1_000_000),
             attributes=attributes,
         )
+        for entry in report.get("network_log") or ():
+            if isinstance(entry, dict):
+                _egress_event(span, entry, default_ns=end)
         cause = report.get("termination_cause")
         if cause and cause not in ("exited", "exit"):
             span.set_attribute("error.type", str(cause))
         span.end(end_time=end)
+
+
+# A proxy log entry's keys shown on its `egress` span event (all of them: the log
+# holds the credential's secret name, never its value).
+_EGRESS_KEYS = (
+    "target", "host", "port", "method", "decision", "reason", "address",
+    "connect_attempted", "bytes_out", "bytes_in", "credential", "tls",
+)  # fmt: skip
+
+
+def _egress_event(span: trace.Span, entry: dict[str, Any], *, default_ns: int) -> None:
+    """One `egress` event per connection the sandbox's proxy allowed or refused."""
+    attributes: dict[str, Any] = {}
+    for key in _EGRESS_KEYS:
+        value = entry.get(key)
+        if isinstance(value, (str, bool, int, float)):
+            attributes[f"cp.egress.{key}"] = value
+    addresses = entry.get("addresses")
+    if isinstance(addresses, list):
+        attributes["cp.egress.addresses"] = [str(a) for a in addresses]
+    at = entry.get("at")
+    timestamp = int(float(at) * 1e9) if isinstance(at, (int, float)) else default_ns
+    span.add_event("egress", attributes=attributes, timestamp=timestamp)
 
 
 def time_ns() -> int:

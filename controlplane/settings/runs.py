@@ -121,6 +121,12 @@ CELERY_BEAT_SCHEDULE["sandbox-janitor"] = {
 SANDBOX_OUTPUT_BYTES = env.integer(
     "SANDBOX_OUTPUT_BYTES", 64_000, minimum=1024, help="Output cap per sandboxed run."
 )
+SANDBOX_EGRESS_CA_FILE = env.string(
+    "SANDBOX_EGRESS_CA_FILE",
+    "",
+    help="CA bundle the egress proxy verifies upstream TLS against when it adds a "
+    "credential itself; empty: the system's CAs.",
+)
 
 APPROVAL_DEFAULT_TTL_SECONDS = env.integer(
     "APPROVAL_DEFAULT_TTL_SECONDS",

@@ -1,19 +1,29 @@
 """`run_code`: run a Python snippet in the sandbox runner; its result is the
-observation. Nothing of the worker (environment, files, network) reaches it."""
+observation. Nothing of the worker (environment, files, network) reaches it.
+
+An agent version's `tool_settings["run_code"]` may give it egress (`network`) and
+credentials the sandbox's proxy adds (`credentials`), see runs/tools/egress.py;
+`run_code_tool` builds the tool for those settings.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
 from controlplane import metrics
+from controlplane.secrets import SecretMissing, secret_value
 from runs.engine.contracts import Effect, Idempotency, ToolContract, ToolSource
 from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
 from runs.engine.tools import Tool, ToolContext
 from runs.sandbox import (
     Limits,
+    NetworkPolicy,
     SandboxSettings,
     SandboxSpec,
     SandboxSpecError,
@@ -21,6 +31,13 @@ from runs.sandbox import (
     run_in_sandbox,
     workspace_create,
     workspace_release,
+)
+from runs.tools.egress import (
+    CREDENTIALS,
+    NETWORK,
+    EgressSettingsError,
+    egress_policy_for,
+    egress_targets,
 )
 
 SCRIPT_NAME = "main.py"
@@ -46,10 +63,44 @@ def sandbox_settings() -> SandboxSettings:
         state_dir=root / "state",
         required_layers=frozenset(settings.SANDBOX_REQUIRED_LAYERS),
         workspace_mb=settings.SANDBOX_WORKSPACE_MB,
+        egress_ca_file=settings.SANDBOX_EGRESS_CA_FILE or None,
     )
 
 
-def run_code(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
+def _network(egress: Mapping[str, Any] | None, ctx: ToolContext) -> NetworkPolicy:
+    """The call's allowlist, with the tenant's secrets read here, on the host: they
+    go to the proxy's memory only, never into the sandbox."""
+    if not egress:
+        return NetworkPolicy()
+
+    def secret(name: str) -> str:
+        return secret_value(tenant_id=ctx.tenant_id, name=name)
+
+    try:
+        return egress_policy_for(egress, secret_value=secret, field="run_code")
+    except EgressSettingsError as exc:
+        raise ToolFailure(
+            ErrorCode.EACCES,
+            f"run_code's egress settings are invalid ({exc}); ask an operator",
+            retryable=False,
+            suggested_action="do_not_retry_ask_an_operator",
+        ) from exc
+    except SecretMissing as exc:  # the message names the secret, never a value
+        raise ToolFailure(
+            ErrorCode.EACCES,
+            f"run_code cannot reach its credentialed hosts: {exc}",
+            retryable=False,
+            suggested_action="do_not_retry_ask_an_operator",
+        ) from exc
+
+
+def run_code(
+    arguments: dict[str, Any],
+    ctx: ToolContext,
+    *,
+    egress: Mapping[str, Any] | None = None,
+) -> ToolResult:
+    network = _network(egress, ctx)
     config = sandbox_settings()
     try:
         workspace = workspace_create(settings=config, label="run-code")
@@ -70,6 +121,7 @@ def run_code(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
                 pids=32,
                 output_bytes=settings.SANDBOX_OUTPUT_BYTES,
             ),
+            network=network,
         )
         try:
             outcome = run_in_sandbox(spec, config)
@@ -130,3 +182,45 @@ RUN_CODE_TOOL = Tool(
     run_code,
     timeout_seconds=None,  # the sandbox's own wall clock kills the whole tree
 )
+
+
+def run_code_tool(tool_settings: Mapping[str, Any] | None = None) -> Tool:
+    """run_code as an agent version configures it (`tool_settings["run_code"]`).
+    Without egress it is the read-only RUN_CODE_TOOL; with a network allowlist a
+    program can change the world outside (a POST to an allowed API), so the
+    contract says irreversible_external and the tenant's policy decides (an
+    approval by default; the agent's per-tool `approval` override applies)."""
+    egress = {
+        key: value
+        for key, value in (tool_settings or {}).items()
+        if key in (NETWORK, CREDENTIALS)
+    }
+    if not egress.get(NETWORK):
+        return RUN_CODE_TOOL
+    targets = egress_targets(egress)
+    credentialed = sorted(str(key) for key in egress.get(CREDENTIALS) or {})
+    description = (
+        "Run a short Python 3 program in an isolated sandbox with a throwaway "
+        "workspace; returns its exit status, stdout and stderr. Network: only "
+        "through the HTTP proxy in HTTP_PROXY/HTTPS_PROXY (urllib uses it), to "
+        + ", ".join(str(t).removeprefix("private:") for t in targets)
+        + "; there is no DNS and nothing else is reachable."
+    )
+    if credentialed:
+        description += (
+            " The proxy adds the credentials for "
+            + ", ".join(credentialed)
+            + " itself: request those as plain http://HOST:PORT/... URLs (the proxy "
+            "opens TLS), and never put credentials in the code."
+        )
+    contract = dataclasses.replace(
+        RUN_CODE_TOOL.contract,
+        description=description,
+        effect=Effect.IRREVERSIBLE_EXTERNAL,
+        idempotency=Idempotency.NONE,
+    )
+    return dataclasses.replace(
+        RUN_CODE_TOOL,
+        contract=contract,
+        handler=functools.partial(run_code, egress=egress),
+    )
