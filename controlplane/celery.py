@@ -69,6 +69,7 @@ def _import_the_model_sdk_before_the_fork(**_: object) -> None:
     # would otherwise spend seconds importing the SDK, during which its lease
     # renewal thread hardly ran (a short lease ran out under it).
     importlib.import_module("runs.engine.adapters.openai_compatible")
+    importlib.import_module("runs.engine.adapters.anthropic_messages")
 
 
 class TaskPool(prefork.TaskPool):

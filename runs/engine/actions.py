@@ -138,9 +138,12 @@ class ModelReply:
     response_id: str | None = None
     raw: Mapping[str, Any] | None = None
     attempts: int = 1
+    # Which endpoint answered, the circuit's state, a fallback's reason
+    # (adapters/breaker.py); None for a call made without a breaker.
+    routing: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "tool_calls": [call.to_dict() for call in self.tool_calls],
             "text": self.text,
             "finish_reason": self.finish_reason,
@@ -152,6 +155,9 @@ class ModelReply:
             "raw": None if self.raw is None else dict(self.raw),
             "attempts": self.attempts,
         }
+        if self.routing is not None:
+            data["routing"] = dict(self.routing)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelReply:
@@ -167,6 +173,7 @@ class ModelReply:
             response_id=data.get("response_id"),
             raw=None if raw is None else dict(raw),
             attempts=int(data.get("attempts", 1)),
+            routing=data.get("routing"),
         )
 
 

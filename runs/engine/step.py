@@ -25,7 +25,7 @@ from runs.engine.actions import (
     Usage,
     decode_reply,
 )
-from runs.engine.adapters import ModelAdapter, ModelError
+from runs.engine.adapters import DeltaSink, ModelAdapter, ModelError
 from runs.engine.budget import (
     FREE,
     BudgetLimits,
@@ -100,9 +100,16 @@ def call_model(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]],
     plan: ModelCallPlan,
+    *,
+    on_delta: DeltaSink | None = None,
 ) -> ModelReply | ModelError:
-    """Call the adapter; any failure comes back as a `ModelError` value."""
+    """Call the adapter; any failure comes back as a `ModelError` value.
+    `on_delta` sees a streamed reply's text as it comes (display only)."""
     try:
+        if on_delta is not None:
+            return model.complete(
+                messages, tools, plan.max_output_tokens, on_delta=on_delta
+            )
         return model.complete(messages, tools, plan.max_output_tokens)
     except ModelError as exc:
         return exc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from runs.engine.actions import ModelReply
@@ -20,6 +20,7 @@ class ModelError(Exception):
         provider_request_id: str | None = None,
         attempts: int = 1,
         retryable: bool = False,
+        routing: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind
@@ -28,9 +29,11 @@ class ModelError(Exception):
         self.provider_request_id = provider_request_id
         self.attempts = attempts
         self.retryable = retryable
+        # Which endpoints were tried and the state of their circuits (breaker.py).
+        self.routing = dict(routing) if routing else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "kind": self.kind,
             "message": self.message,
             "status_code": self.status_code,
@@ -38,10 +41,21 @@ class ModelError(Exception):
             "attempts": self.attempts,
             "retryable": self.retryable,
         }
+        if self.routing:
+            data["routing"] = self.routing
+        return data
+
+
+# Receives each text delta of a streamed reply, for display only (spec §1.4): the
+# reply returned at the end is what counts. A sink that also has a
+# `discard(reason: str)` method is told when the deltas shown so far are void (a
+# dropped stream asked again, a fallback endpoint answering instead).
+DeltaSink = Callable[[str], None]
 
 
 class ModelAdapter(Protocol):
-    """One call to a model: chat messages in, one reply out; raises `ModelError`."""
+    """One call to a model: chat messages in, one reply out; raises `ModelError`.
+    `on_delta`, if given, sees the reply's text as it streams."""
 
     @property
     def provider(self) -> str: ...
@@ -51,10 +65,12 @@ class ModelAdapter(Protocol):
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]],
         max_output_tokens: int,
+        *,
+        on_delta: DeltaSink | None = None,
     ) -> ModelReply: ...
 
 
-ADAPTER_KINDS = ("scripted", "openai")
+ADAPTER_KINDS = ("scripted", "openai", "anthropic")
 
 
 def build_model_adapter(
@@ -68,7 +84,9 @@ def build_model_adapter(
     deadline_seconds: float | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> ModelAdapter:
-    """The adapter an agent is configured with (`scripted` or `openai`).
+    """The adapter an endpoint is configured with (`scripted`, `openai`,
+    `anthropic`); `options` are the adapter's keyword settings (`stream`,
+    `timeout_seconds`, `max_retries`, ...).
 
     `script_position` is how many replies a resumed run has already consumed.
     `deadline_seconds` bounds one call with all its retries (the scripted model
@@ -85,9 +103,24 @@ def build_model_adapter(
         if deadline_seconds is not None:
             settings["deadline_seconds"] = deadline_seconds
         return OpenAIModel(model=model, api_key=api_key, base_url=base_url, **settings)
+    if kind == "anthropic":
+        from runs.engine.adapters.anthropic_messages import AnthropicModel
+
+        settings = dict(options or {})
+        if deadline_seconds is not None:
+            settings["deadline_seconds"] = deadline_seconds
+        return AnthropicModel(
+            model=model, api_key=api_key, base_url=base_url, **settings
+        )
     raise ValueError(
         f"unknown model adapter {kind!r}; known: {', '.join(ADAPTER_KINDS)}"
     )
 
 
-__all__ = ["ADAPTER_KINDS", "ModelAdapter", "ModelError", "build_model_adapter"]
+__all__ = [
+    "ADAPTER_KINDS",
+    "DeltaSink",
+    "ModelAdapter",
+    "ModelError",
+    "build_model_adapter",
+]

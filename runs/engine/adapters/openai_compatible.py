@@ -1,65 +1,61 @@
-"""The `openai` adapter: Chat Completions through the official SDK, any base_url.
+"""The `openai` adapter: Chat Completions through the official SDK, any base_url
+(OpenAI, vLLM, Ollama, LM Studio, a LiteLLM proxy).
 
-HTTP-level retries are off (`max_retries=0`): this layer understands the errors and
-retries only transient ones (429 rate limits, 5xx, timeouts, connection errors), at
-most `max_retries` times, with exponential backoff and jitter, honouring
-`Retry-After`. Quota (429 `insufficient_quota`) and auth (401/403) errors are not
-retried: they surface to the operator.
+Retries, the call deadline and the streaming rules are `retrying.RetryingAdapter`'s.
+Quota (429 `insufficient_quota`) and auth (401/403) errors are not retried.
 
-One call, all its attempts and backoffs included, ends within `deadline_seconds`:
-each attempt's timeout is cut to what is left, and a backoff that would reach the
-deadline is not slept. The host keeps this below the run's lease and the task's
-hard time limit, so a slow provider never outlives the step that asked it.
+With `stream=True` the request asks for `stream_options.include_usage`, so the
+last chunk carries the provider's usage; a stream that finished (a finish reason
+came) but whose usage chunk never did keeps zero usage, and the host then
+charges the call's reservation (`billable_usage`: the estimated input and the
+whole output reservation), never less than it could have cost. A server that
+rejects `stream_options` (some older OpenAI-compatible servers) can be served
+with `stream_usage=False`.
 """
 
 from __future__ import annotations
 
-import email.utils
-import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import httpx2
 import openai
 
 from runs.engine.actions import ModelReply, ToolCall, Usage
-from runs.engine.adapters import ModelError
+from runs.engine.adapters import DeltaSink, ModelError
+from runs.engine.adapters.retrying import (
+    DEFAULT_BASE_DELAY_SECONDS,
+    DEFAULT_DEADLINE_SECONDS,
+    DEFAULT_MAX_DELAY_SECONDS,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT_SECONDS,
+    MIN_ATTEMPT_SECONDS,
+    Failure,
+    RetryingAdapter,
+    StreamDeadline,
+    StreamInterrupted,
+    ToolCallBuffer,
+    Watchdog,
+    retry_after_seconds,
+)
 
-DEFAULT_MAX_RETRIES = 3
-DEFAULT_BASE_DELAY_SECONDS = 2.0
-DEFAULT_MAX_DELAY_SECONDS = 60.0
-DEFAULT_TIMEOUT_SECONDS = 60.0
-DEFAULT_DEADLINE_SECONDS = 100.0
-# An attempt with less time than this left before the deadline is not started.
-MIN_ATTEMPT_SECONDS = 1.0
+__all__ = [
+    "DEFAULT_BASE_DELAY_SECONDS",
+    "DEFAULT_DEADLINE_SECONDS",
+    "DEFAULT_MAX_DELAY_SECONDS",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "MIN_ATTEMPT_SECONDS",
+    "OpenAIModel",
+    "classify_error",
+    "retry_after_seconds",
+]
+
 QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached"})
 
 
-def retry_after_seconds(headers: Mapping[str, str] | None, now: float) -> float | None:
-    """Seconds the server asked us to wait (`retry-after-ms` or `Retry-After`)."""
-    if not headers:
-        return None
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            return max(0.0, float(millis) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now)
-
-
-def _error_code(exc: openai.APIStatusError) -> str:
+def _error_code(exc: openai.APIError) -> str:
     code = getattr(exc, "code", None)
     kind = getattr(exc, "type", None)
     body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
@@ -75,10 +71,12 @@ def _request_id(exc: openai.APIStatusError) -> str | None:
 
 def classify_error(exc: Exception) -> tuple[str, bool]:
     """(kind, transient) for an SDK exception."""
-    if isinstance(exc, openai.APITimeoutError):
+    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException):
         return "timeout", True
     if isinstance(exc, openai.APIConnectionError):
         return "connection", True
+    if isinstance(exc, httpx2.TransportError):  # broke while a stream was read
+        return "stream_interrupted", True
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         if status == 429:
@@ -92,11 +90,32 @@ def classify_error(exc: Exception) -> tuple[str, bool]:
         return "bad_request", False
     if isinstance(exc, openai.APIResponseValidationError):
         return "bad_response", False
+    if isinstance(exc, openai.APIError):  # an error event inside a stream
+        code = _error_code(exc)
+        if code in QUOTA_CODES:
+            return "quota_exhausted", False
+        return "server", True
     return "unexpected", False
 
 
-class OpenAIModel:
+def _safe_message(exc: Exception) -> str:
+    """The provider's message without our request (no keys, no payloads)."""
+    if isinstance(exc, openai.APIStatusError):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        nested = body.get("error") if isinstance(body.get("error"), dict) else body
+        message = nested.get("message") if isinstance(nested, dict) else None
+        return f"HTTP {exc.status_code}: {message or 'error'}"[:500]
+    if isinstance(exc, openai.APIError) and not isinstance(
+        exc, openai.APIConnectionError
+    ):
+        return f"error in the stream: {exc.message}"[:500]
+    return f"{type(exc).__name__}"
+
+
+class OpenAIModel(RetryingAdapter):
     """A model behind any OpenAI-compatible Chat Completions endpoint."""
+
+    provider_name = "openai"
 
     def __init__(
         self,
@@ -104,47 +123,23 @@ class OpenAIModel:
         model: str,
         api_key: str,
         base_url: str | None = None,
-        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-        deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        base_delay_seconds: float = DEFAULT_BASE_DELAY_SECONDS,
-        max_delay_seconds: float = DEFAULT_MAX_DELAY_SECONDS,
         max_tokens_param: str = "max_completion_tokens",
         parallel_tool_calls: bool | None = False,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
+        stream_usage: bool = True,
         client: openai.OpenAI | None = None,
+        **settings: Any,
     ) -> None:
-        self.model = model
-        self.timeout_seconds = timeout_seconds
-        self.deadline_seconds = deadline_seconds
-        self.max_retries = max_retries
-        self.base_delay_seconds = base_delay_seconds
-        self.max_delay_seconds = max_delay_seconds
+        super().__init__(model=model, **settings)
         self.max_tokens_param = max_tokens_param
         self.parallel_tool_calls = parallel_tool_calls
-        self._sleep = sleep
-        self._clock = clock
-        self._rng = rng or random.Random()
+        self.stream_usage = stream_usage
         # max_retries=0: the SDK must not retry underneath the agent-level policy.
         self._client = client or openai.OpenAI(
-            api_key=api_key, base_url=base_url, timeout=timeout_seconds, max_retries=0
+            api_key=api_key,
+            base_url=base_url,
+            timeout=self.timeout_seconds,
+            max_retries=0,
         )
-        self.delays: list[float] = []  # every backoff slept, for the trace and tests
-
-    @property
-    def provider(self) -> str:
-        return "openai"
-
-    def backoff_seconds(self, attempt: int, retry_after: float | None) -> float:
-        """Delay before retry number `attempt` (0-based): full-range jitter on an
-        exponential base, never shorter than the server's `Retry-After`."""
-        base = min(self.max_delay_seconds, self.base_delay_seconds * (2.0**attempt))
-        delay = base * (0.5 + self._rng.random() / 2)
-        if retry_after is not None:
-            delay = max(delay, retry_after)
-        return delay
 
     def _request(
         self,
@@ -162,69 +157,74 @@ class OpenAIModel:
             request["tool_choice"] = "auto"
             if self.parallel_tool_calls is not None:
                 request["parallel_tool_calls"] = self.parallel_tool_calls
+        if self.stream:
+            request["stream"] = True
+            if self.stream_usage:
+                request["stream_options"] = {"include_usage": True}
         return request
 
-    def complete(
+    def _classify(self, exc: Exception) -> Failure | None:
+        if not isinstance(exc, openai.OpenAIError | httpx2.HTTPError):
+            return None
+        kind, transient = classify_error(exc)
+        status = None
+        request_id = None
+        retry_after = None
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            request_id = _request_id(exc)
+            retry_after = retry_after_seconds(exc.response.headers, time.time())
+        return Failure(
+            kind,
+            transient,
+            _safe_message(exc),
+            status_code=status,
+            request_id=request_id,
+            retry_after=retry_after,
+        )
+
+    def _attempt(
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]],
         max_output_tokens: int,
+        *,
+        timeout: float,
+        deadline: float,
+        attempts: int,
+        on_delta: DeltaSink | None,
     ) -> ModelReply:
         request = self._request(messages, tools, max_output_tokens)
-        deadline = self._clock() + self.deadline_seconds
-        attempt = 0
-        anomaly_retried = False
-        while True:
-            timeout = min(self.timeout_seconds, deadline - self._clock())
-            try:
-                raw = self._client.chat.completions.with_raw_response.create(
-                    **request, timeout=max(timeout, 0.001)
-                )
-                completion = raw.parse()
-                request_id = raw.headers.get("x-request-id")
-                reply = self._reply(completion, request_id, attempt + 1)
-                if _is_empty_tool_turn(reply) and not anomaly_retried:
-                    # finish_reason=tool_calls with no calls: a provider anomaly,
-                    # asked again once (spec §2.3), if there is time for it.
-                    anomaly_retried = True
-                    if deadline - self._clock() >= MIN_ATTEMPT_SECONDS:
-                        attempt += 1
-                        continue
-                return reply
-            except openai.OpenAIError as exc:
-                kind, transient = classify_error(exc)
-                status = getattr(exc, "status_code", None)
-                request_id = (
-                    _request_id(exc) if isinstance(exc, openai.APIStatusError) else None
-                )
-                retry_after = None
-                if isinstance(exc, openai.APIStatusError):
-                    retry_after = retry_after_seconds(exc.response.headers, time.time())
-                too_long = retry_after is not None and (
-                    retry_after > self.max_delay_seconds
-                )
-                retry = transient and attempt < self.max_retries and not too_long
-                delay = self.backoff_seconds(attempt, retry_after) if retry else 0.0
-                # The next attempt would start too close to the deadline (or after it).
-                out_of_time = deadline - self._clock() - delay < MIN_ATTEMPT_SECONDS
-                if not retry or out_of_time:
-                    message = _safe_message(exc)
-                    if retry:
-                        message += (
-                            " (no time left for a retry within the call's "
-                            f"deadline of {self.deadline_seconds:g}s)"
-                        )
-                    raise ModelError(
-                        kind,
-                        message,
-                        status_code=status,
-                        provider_request_id=request_id,
-                        attempts=attempt + 1,
-                        retryable=transient,
-                    ) from None
-                self.delays.append(delay)
-                self._sleep(delay)
-                attempt += 1
+        raw = self._client.chat.completions.with_raw_response.create(
+            **request, timeout=timeout
+        )
+        request_id = raw.headers.get("x-request-id")
+        if not self.stream:
+            completion = raw.parse()
+            return self._reply(completion, request_id, attempts)
+        stream = raw.parse()
+        watchdog = Watchdog(deadline - self._clock(), stream.close)
+        assembled = _Assembly()
+        try:
+            with watchdog.running():
+                for chunk in stream:
+                    text = assembled.add(chunk)
+                    if text and on_delta is not None:
+                        on_delta(text)
+                    if self._clock() >= deadline:
+                        raise StreamDeadline()
+        except Exception as exc:
+            raise _stream_error(exc, watchdog, assembled.chunks) from None
+        finally:
+            stream.close()
+        if watchdog.fired:
+            raise StreamDeadline()
+        if assembled.finish_reason is None:
+            raise StreamInterrupted(
+                f"the stream ended after {assembled.chunks} chunks without a "
+                "finish reason"
+            )
+        return assembled.reply(self, request_id, attempts)
 
     def _reply(
         self, completion: Any, request_id: str | None, attempts: int
@@ -263,19 +263,105 @@ class OpenAIModel:
         )
 
 
-def _is_empty_tool_turn(reply: ModelReply) -> bool:
-    return (
-        reply.finish_reason == "tool_calls"
-        and not reply.tool_calls
-        and not (reply.text or "").strip()
-    )
+def _stream_error(exc: Exception, watchdog: Watchdog, chunks: int) -> Exception:
+    """What a failure while reading a stream means: the deadline's watchdog
+    closed it, a read timed out, or the connection broke mid-way."""
+    if watchdog.fired:
+        return StreamDeadline()
+    if isinstance(exc, httpx2.TimeoutException | openai.APITimeoutError):
+        return exc
+    if isinstance(exc, httpx2.HTTPError | openai.APIConnectionError):
+        return StreamInterrupted(
+            f"the stream broke after {chunks} chunks ({type(exc).__name__})"
+        )
+    return exc
 
 
-def _safe_message(exc: Exception) -> str:
-    """The provider's message without our request (no keys, no payloads)."""
-    if isinstance(exc, openai.APIStatusError):
-        body = exc.body if isinstance(exc.body, dict) else {}
-        nested = body.get("error") if isinstance(body.get("error"), dict) else body
-        message = nested.get("message") if isinstance(nested, dict) else None
-        return f"HTTP {exc.status_code}: {message or 'error'}"[:500]
-    return f"{type(exc).__name__}"
+class _Assembly:
+    """A streamed completion put together chunk by chunk (choice 0)."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.text: list[str] = []
+        self.calls = ToolCallBuffer()
+        self.finish_reason: str | None = None
+        self.usage: Any = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+
+    def add(self, chunk: Any) -> str:
+        """Take one chunk; returns its text delta."""
+        self.chunks += 1
+        self.response_id = self.response_id or getattr(chunk, "id", None)
+        self.model = self.model or getattr(chunk, "model", None)
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = chunk.usage
+        text = ""
+        for choice in getattr(chunk, "choices", None) or []:
+            if getattr(choice, "index", 0) != 0:
+                continue
+            delta = choice.delta
+            if delta is not None:
+                if delta.content:
+                    text += delta.content
+                for position, call in enumerate(delta.tool_calls or []):
+                    index = call.index if call.index is not None else position
+                    function = call.function
+                    self.calls.add(
+                        index,
+                        call.id,
+                        function.name if function else None,
+                        (function.arguments or "") if function else "",
+                    )
+            if choice.finish_reason:
+                self.finish_reason = str(choice.finish_reason)
+        if text:
+            self.text.append(text)
+        return text
+
+    def reply(
+        self, model: OpenAIModel, request_id: str | None, attempts: int
+    ) -> ModelReply:
+        calls = self.calls.ordered()
+        text = "".join(self.text) or None
+        usage = Usage(
+            input_tokens=int(getattr(self.usage, "prompt_tokens", 0) or 0),
+            output_tokens=int(getattr(self.usage, "completion_tokens", 0) or 0),
+        )
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                }
+                for call in calls
+            ]
+        # The stream recorded as the completion it adds up to.
+        raw = {
+            "id": self.response_id,
+            "object": "chat.completion",
+            "model": self.model or model.model,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": self.finish_reason}
+            ],
+            "usage": None if self.usage is None else self.usage.model_dump(mode="json"),
+            "streamed": True,
+            "chunks": self.chunks,
+        }
+        return ModelReply(
+            tool_calls=tuple(
+                ToolCall.parse(call["id"], call["name"], call["arguments"])
+                for call in calls
+            ),
+            text=text,
+            finish_reason=self.finish_reason or "stop",
+            usage=usage,
+            model=str(self.model or model.model),
+            provider=model.provider,
+            provider_request_id=request_id or self.response_id,
+            response_id=self.response_id,
+            raw=raw,
+            attempts=attempts,
+        )

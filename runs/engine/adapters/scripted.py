@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from runs.engine.actions import ModelReply, ToolCall, Usage
-from runs.engine.adapters import ModelError
+from runs.engine.adapters import DeltaSink, ModelError
 
 ScriptEntry = ModelReply | Mapping[str, Any]
 # `{{call_id.field}}` in a scripted text is filled from that call's observed data,
@@ -134,7 +134,10 @@ class ScriptedModel:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]],
         max_output_tokens: int,
+        *,
+        on_delta: DeltaSink | None = None,
     ) -> ModelReply:
+        # A script's reply is whole at once: nothing streams.
         self.max_output_tokens_seen.append(max_output_tokens)
         if self.calls >= len(self._script):
             raise ModelError(
