@@ -305,7 +305,14 @@ class EgressProxy:
                 first = rest
             else:
                 first = (
-                    _rewrite_request(method, path, version, header_lines, credential)
+                    _rewrite_request(
+                        method,
+                        path,
+                        version,
+                        header_lines,
+                        host=_host_header(host, port, tls=bool(entry.get("tls"))),
+                        credential=credential,
+                    )
                     + rest
                 )
             entry["connected"] = True
@@ -364,6 +371,9 @@ def _parse_head(head: bytes) -> tuple[str, str, str, list[str]]:
     parts = lines[0].split(" ")
     if len(parts) != 3:
         raise _BadRequest("malformed request line")
+    if any(line[:1] in (" ", "\t") or ":" not in line for line in lines[1:]):
+        # A folded or colon-less line could smuggle a header past the rewrite.
+        raise _BadRequest("malformed header line")
     return parts[0].upper(), parts[1], parts[2], lines[1:]
 
 
@@ -398,20 +408,38 @@ def _split_url(url: str) -> tuple[str, int, str]:
 _HOP_BY_HOP = ("proxy-", "connection:", "keep-alive:")
 
 
+def _host_header(host: str, port: int, *, tls: bool) -> str:
+    name = f"[{host}]" if ":" in host else host
+    return name if port == (443 if tls else 80) else f"{name}:{port}"
+
+
 def _rewrite_request(
     method: str,
     path: str,
     version: str,
     headers: list[str],
+    *,
+    host: str,
     credential: InjectedCredential | None = None,
 ) -> bytes:
-    kept = [h for h in headers if not h.lower().startswith(_HOP_BY_HOP)]
+    """The request as sent upstream. `Host` is the checked target's own: a program
+    must not reach another site behind the same address (a CDN's) by naming it
+    in Host, least of all with an injected credential."""
+    dropped = (*_HOP_BY_HOP, "host:")
+    kept = [h for h in headers if not h.lower().startswith(dropped)]
     if credential is not None:
         # Whatever the program sent under the credential's name is replaced.
         name = credential.header.lower() + ":"
         kept = [h for h in kept if not h.lower().replace(" ", "").startswith(name)]
         kept.append(f"{credential.header}: {credential.value}")
-    lines = [f"{method} {path} {version}", *kept, "Connection: close", "", ""]
+    lines = [
+        f"{method} {path} {version}",
+        f"Host: {host}",
+        *kept,
+        "Connection: close",
+        "",
+        "",
+    ]
     return "\r\n".join(lines).encode("latin-1")
 
 

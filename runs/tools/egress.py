@@ -28,6 +28,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from controlplane.secrets import secret_exists
 from runs.sandbox import HostPort, InjectedCredential, NetworkPolicy, SandboxSpecError
 
 NETWORK = "network"
@@ -80,11 +81,25 @@ def egress_network_errors(value: Any, *, field: str) -> dict[str, str]:
     return errors
 
 
-def egress_settings_errors(settings: Any, *, field: str) -> dict[str, str]:
+def egress_settings_errors(
+    settings: Any, *, field: str, tenant_id: Any = None
+) -> dict[str, str]:
     """Problems of the `network` and `credentials` keys of one tool's settings, by
     field path (`{field}.network[1]`, `{field}.credentials.api.test:443.header`);
-    {} when valid. Other keys are not looked at (the caller owns them). Whether a
-    named secret exists is the caller's check (`controlplane.secrets`)."""
+    {} when valid. Other keys are not looked at (the caller owns them). With
+    `tenant_id`, a credential naming a secret the tenant does not have is one too."""
+    errors = _shape_errors(settings, field=field)
+    if tenant_id is None or errors:
+        return errors
+    for key, entry in ((settings or {}).get(CREDENTIALS) or {}).items():
+        if not secret_exists(tenant_id=tenant_id, name=entry["secret"]):
+            errors[f"{field}.{CREDENTIALS}.{key}.secret"] = (
+                f"secret {entry['secret']!r} is not set in this tenant"
+            )
+    return errors
+
+
+def _shape_errors(settings: Any, *, field: str) -> dict[str, str]:
     if settings is None:
         return {}
     if not isinstance(settings, Mapping):

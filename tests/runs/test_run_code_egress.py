@@ -223,3 +223,20 @@ def test_valid_settings_have_no_errors() -> None:
     }
     assert egress_settings_errors(settings, field="t") == {}
     assert egress_settings_errors(None, field="t") == {}
+
+
+def test_with_a_tenant_a_credential_naming_an_unset_secret_is_an_error(
+    tenant: Any,
+) -> None:
+    secret_set(tenant=tenant, name="PARTNER_KEY", value=SECRET, actor=None)
+    settings = {
+        "network": ["a.test:443", "b.test:443"],
+        "credentials": {
+            "a.test:443": {"secret": "PARTNER_KEY"},
+            "b.test:443": {"secret": "NOT_SET"},
+        },
+    }
+    errors = egress_settings_errors(settings, field="t", tenant_id=tenant.id)
+    assert errors == {
+        "t.credentials.b.test:443.secret": "secret 'NOT_SET' is not set in this tenant"
+    }

@@ -161,16 +161,20 @@ def test_the_log_is_capped_but_every_connection_is_counted(tmp_path: Path) -> No
             assert reply.startswith(b"HTTP/1.1 403")
         reply = _proxy_request(proxy, b"GARBAGE\r\n\r\n")
         assert reply.startswith(b"HTTP/1.1 400")
+        folded = b"GET http://ok.test:443/ HTTP/1.1\r\nX-A: 1\r\n Host: evil\r\n\r\n"
+        assert _proxy_request(proxy, folded).startswith(b"HTTP/1.1 400")
     finally:
         proxy.stop()
     assert len(proxy.log) == 3
-    assert proxy.counts == {"deny": 6}
+    assert proxy.counts == {"deny": 7}
 
 
 CREDENTIALED = """
 import json, os, urllib.request
 out = {}
-request = urllib.request.Request(URL, headers={"Authorization": "Bearer forged"})
+request = urllib.request.Request(
+    URL, headers={"Authorization": "Bearer forged", "Host": "fronted.example"}
+)
 with urllib.request.urlopen(request, timeout=10) as r:
     out["status"] = r.status
     out["body"] = r.read().decode()
@@ -228,6 +232,8 @@ def test_the_proxy_injects_the_credential_the_sandbox_never_holds_it(
     # The program's own Authorization header was replaced, not doubled.
     assert headers["Authorization"] == f"Bearer {SECRET}"
     assert "forged" not in json.dumps(headers)
+    # Host is the checked target's, not the program's (no domain fronting).
+    assert headers["Host"] == target
     assert out["connect"].startswith("HTTP/1.1 403")
     assert f"http://{target}/" in out["connect"]
     # Nowhere in the sandbox: environment, processes, files, output, result.
@@ -264,6 +270,7 @@ def test_tls_upstream_opened_by_the_proxy_verified_against_the_ca(
         assert out["tls"] == [200, BODY.decode()]
         [(_, path, headers)] = upstream.requests
         assert path == "/secure" and headers["X-Api-Key"] == SECRET
+        assert headers["Host"] == target
         [entry] = result.network_log
         assert entry["tls"] is True and entry["decision"] == "allow"
         assert SECRET not in result.stdout
