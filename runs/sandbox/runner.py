@@ -455,6 +455,9 @@ class _Run:
             )
         if kill_method is not None:
             self.enforcement["kill_method"] = kill_method
+        if self.proxy is not None:
+            # Every connection ends (and is logged) before the log is read.
+            self.proxy.stop()
         return self._result(
             proc, files, init_status, killed_for, counters, duration_ms, reap_confirmed
         )

@@ -240,7 +240,9 @@ def test_the_proxy_injects_the_credential_the_sandbox_never_holds_it(
     assert out["seen"]["files"], "the dump saw no files at all"
     assert SECRET not in result.stdout and SECRET not in result.stderr
     assert SECRET not in json.dumps(result.to_dict())
-    allowed, refused = result.network_log
+    # Logged as each connection ends, so in either order.
+    by_decision = {entry["decision"]: entry for entry in result.network_log}
+    allowed, refused = by_decision["allow"], by_decision["deny"]
     assert allowed["credential"] == "PARTNER_KEY" and allowed["decision"] == "allow"
     assert refused["decision"] == "deny" and "CONNECT" in refused["reason"]
 
@@ -328,3 +330,28 @@ def test_entries_parse_with_and_without_private() -> None:
     assert HostPort.parse("private:10.0.0.5:8080") == HostPort("10.0.0.5", 8080, True)
     assert HostPort.parse("[::1]:80") == HostPort("::1", 80)
     assert str(HostPort("10.0.0.5", 8080, True)) == "private:10.0.0.5:8080"
+
+
+LEFT_OPEN = """
+import os, socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"CONNECT " + TARGET.encode() + b" HTTP/1.1\\r\\n\\r\\n")
+print(s.recv(4096).split(b"\\r\\n")[0].decode(), flush=True)
+s.sendall(b"GET / HTTP/1.1\\r\\n")  # half a request, then gone without closing
+os._exit(0)
+"""
+
+
+def test_a_connection_left_open_is_in_the_log(
+    settings: SandboxSettings, workspace: Path, upstream: Upstream
+) -> None:
+    target = f"127.0.0.1:{upstream.port}"
+    network = NetworkPolicy.parse(f"private:{target}")
+    code = f"TARGET = {target!r}\n" + LEFT_OPEN
+    spec = SandboxSpec(argv=[PYTHON, "-c", code], workspace=workspace, network=network)
+    result = run_in_sandbox(spec, settings)
+    assert result.stdout == "HTTP/1.1 200 Connection established\n", result.stderr
+    [entry] = result.network_log
+    assert entry["decision"] == "allow" and entry["bytes_out"] == len(
+        "GET / HTTP/1.1\r\n"
+    )
