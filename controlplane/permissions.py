@@ -44,6 +44,11 @@ class Action(StrEnum):
     BUDGET_READ = "budget.read"
     BUDGET_WRITE = "budget.write"
     AUDIT_READ = "audit.read"
+    # Secret names, who set them and when (agents and MCP servers refer to
+    # them by name) for every member; setting and deleting for admins. No
+    # action reads a value: the store is write-only (controlplane.secrets).
+    SECRET_READ = "secret.read"
+    SECRET_WRITE = "secret.write"
     TRACE_INGEST = "trace.ingest"  # OTLP spans of external agents
     # Every member: who they are in a tenant (and switching to it), and their
     # own API tokens.
@@ -60,6 +65,7 @@ _READ = frozenset(
         Action.APPROVAL_READ,
         Action.POLICY_READ,
         Action.BUDGET_READ,
+        Action.SECRET_READ,
         Action.TENANT_READ,
         Action.TOKEN_MANAGE,
     }

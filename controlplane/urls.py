@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from controlplane import api, audit_api, health, metrics, views
+from controlplane import api, audit_api, health, metrics, secrets_api, views
 from frontend import views as pages
 from runs import trace_api
 
@@ -41,6 +41,12 @@ urlpatterns = [
         name="api-token-revoke",
     ),
     path("api/v1/audit/", audit_api.AuditListApi.as_view(), name="api-audit"),
+    path("api/v1/secrets/", secrets_api.SecretListApi.as_view(), name="api-secrets"),
+    path(
+        "api/v1/secrets/<str:name>/",
+        secrets_api.SecretDetailApi.as_view(),
+        name="api-secret",
+    ),
     path("v1/traces", trace_api.otlp_traces, name="otlp-traces"),
     path("api/v1/", include("runs.urls")),
     path("api/v1/", include("approvals.urls")),

@@ -8,4 +8,5 @@ urlpatterns = [
     path("approvals/", views.approvals_page, name="ui-approvals"),
     path("budget/", views.budget_page, name="ui-budget"),
     path("audit/", views.audit_page, name="ui-audit"),
+    path("secrets/", views.secrets_page, name="ui-secrets"),
 ]

@@ -111,3 +111,11 @@ def budget_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
 def audit_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
     """The tenant's audit log (admins only)."""
     return _page(request, "frontend/audit.html", context, "audit")
+
+
+@page_gate(Action.SECRET_READ, "secrets")
+def secrets_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
+    """The tenant's secret names, who set them and when; admins set and delete
+    (the value input is write-only: nothing on the page ever shows a value)."""
+    extra = {"can_write_secrets": context_may(context, Action.SECRET_WRITE)}
+    return _page(request, "frontend/secrets.html", context, "secrets", extra)

@@ -12,6 +12,7 @@ from django.test import Client
 from approvals.models import ApprovalRequest
 from controlplane.models import Role
 from controlplane.permissions import MATRIX, Action, role_may
+from controlplane.secrets import secret_exists, secret_set
 from controlplane.services import api_token_issue, api_token_revoke
 from runs.models import Run
 from runs.services import run_cancel, run_start
@@ -33,6 +34,8 @@ EXPECTED = {
     Action.BUDGET_READ:       (True,  True,  True),
     Action.BUDGET_WRITE:      (True,  False, False),
     Action.AUDIT_READ:        (True,  False, False),
+    Action.SECRET_READ:       (True,  True,  True),
+    Action.SECRET_WRITE:      (True,  False, False),
     Action.TRACE_INGEST:      (True,  True,  False),
     Action.AGENT_READ:        (True,  True,  True),
     Action.TENANT_READ:       (True,  True,  True),
@@ -142,6 +145,27 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
     elif action is Action.AUDIT_READ:
         response = api.get("/api/v1/audit/")
         assert _page(user, "/audit/").status_code == response.status_code
+    elif action is Action.SECRET_READ:
+        secret_set(tenant=tenant, name="LISTED", value="listed-value", actor=None)
+        response = api.get("/api/v1/secrets/")
+        assert _page(user, "/secrets/").status_code == response.status_code
+        if response.status_code == 200:
+            assert [s["name"] for s in response.json()] == ["LISTED"]
+    elif action is Action.SECRET_WRITE:
+        secret_set(tenant=tenant, name="OLD", value="old-value", actor=None)
+        body = {"value": "new-value"}
+        response = api.put("/api/v1/secrets/NEW/", body, format="json")
+        assert secret_exists(tenant_id=tenant.id, name="NEW") == (
+            response.status_code == 201
+        )
+        deleted = api.delete("/api/v1/secrets/OLD/")
+        assert deleted.status_code == (204 if response.status_code == 201 else 403)
+        assert secret_exists(tenant_id=tenant.id, name="OLD") == (
+            deleted.status_code == 403
+        )
+        page = _page(user, "/secrets/").content.decode()
+        # The page offers the set and delete controls exactly to those who may.
+        assert ('data-admin="1"' in page) == (response.status_code == 201)
     elif action is Action.TRACE_INGEST:
         body = {"resourceSpans": [{"scopeSpans": [{"spans": [{
             "traceId": "5b8efff798038103d269b633813fc60c",
@@ -161,7 +185,7 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
             response = api.post(f"/api/v1/tokens/{issued}/revoke/")
     else:  # pragma: no cover - STREAM_READ has its own async test
         raise AssertionError(action)
-    assert response.status_code in (200, 201, 403), response.content
+    assert response.status_code in (200, 201, 204, 403), response.content
     return response.status_code != 403
 
 

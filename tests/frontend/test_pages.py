@@ -18,7 +18,7 @@ def _client(user: Any) -> Client:
 
 
 def test_pages_need_a_login(db: Any) -> None:
-    for path in ("/runs/", "/approvals/", "/budget/", "/audit/", "/"):
+    for path in ("/runs/", "/approvals/", "/budget/", "/audit/", "/secrets/", "/"):
         response = Client().get(path)
         assert response.status_code == 302
         assert response["Location"].startswith("/login/")
@@ -117,3 +117,26 @@ def test_agents_api_lists_only_the_callers_tenant(
         Agent.objects.get(tenant=tenant, slug="kettlecraft-support").id
     )
     assert Client().get("/api/v1/agents/").status_code in (401, 403)
+
+
+def test_secrets_page_tells_each_role_what_it_may_do_and_never_shows_a_value(
+    tenant: Any, admin_user: Any, viewer_user: Any
+) -> None:
+    from controlplane.secrets import secret_set
+
+    secret_set(tenant=tenant, name="SHOWN_NAME", value="hidden-value-xyz", actor=None)
+    admin_page = _client(admin_user).get("/secrets/")
+    viewer_page = _client(viewer_user).get("/secrets/")
+    for page in (admin_page, viewer_page):
+        assert page.status_code == 200
+        text = page.content.decode()
+        assert '<a href="/secrets/" aria-current="page">Secrets</a>' in text
+        assert "Values are write-only: stored encrypted, never shown again." in text
+        assert "hidden-value-xyz" not in text
+        assert "frontend/secrets_page.js" in text
+    admin = admin_page.content.decode()
+    assert "You can set and delete secrets." in admin
+    assert 'type="password"' in admin and 'autocomplete="new-password"' in admin
+    viewer = viewer_page.content.decode()
+    assert "Read only: admins set and delete secrets." in viewer
+    assert 'id="secret-form"' not in viewer and 'data-admin="0"' in viewer

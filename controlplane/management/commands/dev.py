@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from controlplane import secret_keys
 from controlplane.demo import demo_seed, describe_logins
 from controlplane.launcher import Launcher, install_stop_handlers
 
@@ -25,6 +26,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write("Database migrated.")
+        if not settings.SECRET_STORE_KEYS:
+            # Made here, once, before web, worker and beat start and read it.
+            secret_keys.active_keys()
+            self.stdout.write(
+                "Secret store: no CONTROLPLANE_SECRET_KEYS, using the development "
+                f"key in {settings.SECRET_STORE_DEV_KEY_FILE} (docs/secrets.md)."
+            )
         logins = describe_logins(demo_seed())
         if not settings.DEBUG:
             call_command("collectstatic", interactive=False, verbosity=0)
