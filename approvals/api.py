@@ -81,6 +81,8 @@ class ApprovalSerializer(serializers.Serializer[Any]):
     def get_summary(self, approval: ApprovalRequest) -> str:
         if approval.extension is not None:
             return services.extension_summary(approval.extension)
+        if approval.kind == ApprovalRequest.Kind.TOOL_ERROR:
+            return f"{approval.tool_name} failed repeatedly: go on?"
         return approval.tool_name
 
 

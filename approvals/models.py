@@ -73,12 +73,15 @@ class TenantApprovalSettings(models.Model):
 
 
 class ApprovalRequest(models.Model):
-    """A decision a run waits for: a gated tool call, or a budget extension (a
-    reservation was refused and the tenant asked to be asked, docs/budgets.md)."""
+    """A decision a run waits for: a gated tool call, a budget extension (a
+    reservation was refused and the tenant asked to be asked, docs/budgets.md),
+    or a tool error (a tool failed twice alike and its contract asks a person
+    whether the run may go on, docs/engine.md)."""
 
     class Kind(models.TextChoices):
         TOOL_CALL = "tool_call"
         BUDGET_EXTENSION = "budget_extension"
+        TOOL_ERROR = "tool_error"
 
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -150,6 +153,8 @@ class ApprovalRequest(models.Model):
     def __str__(self) -> str:
         if self.kind == self.Kind.BUDGET_EXTENSION:
             return f"budget extension ({self.status})"
+        if self.kind == self.Kind.TOOL_ERROR:
+            return f"repeated error of {self.tool_name} ({self.status})"
         return f"approval of {self.tool_name} ({self.status})"
 
 

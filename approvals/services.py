@@ -149,6 +149,39 @@ def approval_request_open_budget(
     return request
 
 
+@transaction.atomic
+def approval_request_open_question(
+    *,
+    tenant_id: Any,
+    run_id: Any,
+    tool_name: str,
+    rule: str,
+    question: str,
+    details: dict[str, Any],
+) -> ApprovalRequest:
+    """Ask whether the run may go on after its tool failed (kind `tool_error`):
+    approve, it goes on; deny or expiry, it ends. `details` (the error's code and
+    message) is what the decider is shown; anyone who may decide approvals may."""
+    canonical = json.dumps(details, sort_keys=True, separators=(",", ":"))
+    request = ApprovalRequest.objects.create(
+        tenant_id=tenant_id,
+        run_id=run_id,
+        kind=ApprovalRequest.Kind.TOOL_ERROR,
+        tool_name=tool_name,
+        rule=rule,
+        rule_reason=question,
+        approver_roles=list(DEFAULT_APPROVER_ROLES),
+        approvals_required=1,
+        starter_may_approve=True,
+        args_snapshot=details,
+        args_sha256=hashlib.sha256(canonical.encode()).hexdigest(),
+        expires_at=timezone.now()
+        + dt.timedelta(seconds=int(settings.APPROVAL_DEFAULT_TTL_SECONDS)),
+    )
+    _announce_request(request)
+    return request
+
+
 def _announce_request(request: ApprovalRequest) -> None:
     """Audit a new request and put `approval.requested` in the run's log."""
     audit_record(
@@ -218,11 +251,16 @@ def approval_decision_record(
         )
     if not approve and args is not None:
         raise ApprovalInputError("args", "arguments can only be edited when approving")
-    if request.kind == ApprovalRequest.Kind.BUDGET_EXTENSION:
+    if request.kind != ApprovalRequest.Kind.TOOL_CALL:
+        what = (
+            "a budget extension"
+            if request.kind == ApprovalRequest.Kind.BUDGET_EXTENSION
+            else "a tool error"
+        )
         if args is not None:
-            raise ApprovalInputError("args", "a budget extension has no arguments")
+            raise ApprovalInputError("args", f"{what} has no arguments")
         if scope != ApprovalRequest.Scope.ONCE:
-            raise ApprovalInputError("scope", "a budget extension is decided once")
+            raise ApprovalInputError("scope", f"{what} is decided once")
     # First statement: takes the row lock (PostgreSQL) / write lock (SQLite), so
     # deciders on one request run one after the other and see each other's votes.
     touched = ApprovalRequest.objects.filter(

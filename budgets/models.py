@@ -240,3 +240,29 @@ class ModelPriceEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} ({self.tenant or 'global'})"
+
+
+class ToolQuotaCounter(models.Model):
+    """Calls of one tool quota bucket by one tenant in one period window (a tool
+    contract's `cost.quota`, e.g. "100/day"; budgets/quotas.py). A call is taken
+    by a conditional increment of `used`, so concurrent workers never exceed the
+    limit."""
+
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="tool_quota_counters"
+    )
+    bucket = models.CharField(max_length=64)  # the tool's name or a shared bucket
+    period = models.CharField(max_length=8)  # minute | hour | day | week
+    window_start = models.DateTimeField()
+    used = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "bucket", "period", "window_start"],
+                name="one_tool_quota_counter_per_window",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.bucket} per {self.period} {self.window_start}"

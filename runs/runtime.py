@@ -15,6 +15,7 @@ from budgets.prices import PriceLookup, model_price_for
 from budgets.services import run_ceiling_of
 from runs.engine.adapters import ModelAdapter, build_model_adapter
 from runs.engine.budget import BudgetLimits
+from runs.engine.enforcement import RetryPolicy
 from runs.engine.evaluator import Evaluator
 from runs.engine.loop import AgentConfig
 from runs.engine.policy import PolicyHook
@@ -110,6 +111,10 @@ def runtime_for(
             system_prompt=agent.system_prompt,
             reserve_output_tokens=settings.RUN_RESERVE_OUTPUT_TOKENS,
             price=price.price,
+            retry=RetryPolicy(
+                max_per_tool=settings.RUN_TOOL_RETRIES,
+                backoff_seconds=settings.RUN_TOOL_RETRY_BACKOFF_SECONDS,
+            ),
         ),
         registry=tool_registry_for(agent.tool_names),
         model=model_adapter_for(agent, replies_consumed=replies_consumed),

@@ -40,6 +40,19 @@ RUN_MODEL_DEADLINE_SECONDS = env.number(
     help="Longest one model call may take, all retries and backoffs included "
     "(keep it below RUN_LEASE_SECONDS).",
 )
+RUN_TOOL_RETRIES = env.integer(
+    "RUN_TOOL_RETRIES",
+    3,
+    minimum=0,
+    help="Automatic retries per tool per run of a transient error the tool marks "
+    "retryable (reads and key-deduplicated writes only).",
+)
+RUN_TOOL_RETRY_BACKOFF_SECONDS = env.number(
+    "RUN_TOOL_RETRY_BACKOFF_SECONDS",
+    0.5,
+    minimum=0,
+    help="Delay before a tool's first automatic retry; doubles each retry, jittered.",
+)
 # The tenant's approval rules (approvals app) applied by runs; fail-safe: a raising
 # hook denies.
 RUN_POLICY_HOOK = "runs.services.policy.tenant_policy"

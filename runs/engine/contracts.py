@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from runs.engine.validation import prepare_schema
@@ -40,6 +41,107 @@ class ToolSource(StrEnum):
 
 class ContractError(ValueError):
     """A tool contract is malformed."""
+
+
+# --- auth_scope --------------------------------------------------------------------
+#
+#   auth_scope := clause (" " clause)*
+#   clause     := "secrets:" NAME ("," NAME)*       tenant secrets the tool may read
+#               | "permissions:" PERM ("," PERM)*   control-plane actions (run.start,
+#                                                   budget.write, ...) the run's
+#                                                   starter must hold in its tenant
+#               | SCOPE                             an external scope the tool acts
+#                                                   under ("payments:refund"), for
+#                                                   its own credential; not a role
+#
+# e.g. "secrets:SHOP_API_KEY permissions:budget.write payments:refund". No clause
+# (None or "") means the tool may read no secret and needs no permission.
+
+SECRET_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+PERMISSION_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+EXTERNAL_SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+:[A-Za-z0-9_.*-]+$")
+
+
+@dataclass(frozen=True)
+class AuthScope:
+    secrets: frozenset[str] = frozenset()
+    permissions: frozenset[str] = frozenset()
+    external: tuple[str, ...] = ()
+
+
+def parse_auth_scope(text: str | None) -> AuthScope:
+    """The parsed `auth_scope`; ContractError naming the clause that is wrong."""
+    secrets: set[str] = set()
+    permissions: set[str] = set()
+    external: list[str] = []
+    for clause in (text or "").split():
+        kind, _, rest = clause.partition(":")
+        if kind in ("secrets", "permissions"):
+            names = rest.split(",")
+            pattern = SECRET_NAME_PATTERN if kind == "secrets" else PERMISSION_PATTERN
+            bad = [name for name in names if not pattern.match(name)]
+            if bad:
+                raise ContractError(
+                    f"auth_scope {kind}: {bad[0]!r} must match {pattern.pattern}"
+                )
+            (secrets if kind == "secrets" else permissions).update(names)
+        elif EXTERNAL_SCOPE_PATTERN.match(clause):
+            external.append(clause)
+        else:
+            raise ContractError(
+                f"auth_scope clause {clause!r} is not secrets:NAME,..., "
+                "permissions:ACTION,... or an external scope like payments:refund"
+            )
+    return AuthScope(frozenset(secrets), frozenset(permissions), tuple(external))
+
+
+# --- cost.quota --------------------------------------------------------------------
+#
+#   quota := item (";" item)*
+#   item  := [BUCKET ":"] COUNT "/" PERIOD     PERIOD: run | minute | hour | day | week
+#
+# "5/run" (five calls per run), "100/day" (per tenant and UTC day), "billing:100/hour"
+# (a bucket several tools may share; the default bucket is the tool's name).
+
+QUOTA_PERIODS = ("run", "minute", "hour", "day", "week")
+_QUOTA_ITEM = re.compile(
+    r"^(?:(?P<bucket>[A-Za-z0-9_.-]{1,64}):)?(?P<count>[0-9]{1,9})/(?P<period>[a-z]+)$"
+)
+
+
+@dataclass(frozen=True)
+class QuotaLimit:
+    bucket: str
+    limit: int
+    period: str  # one of QUOTA_PERIODS
+
+    @property
+    def per_run(self) -> bool:
+        return self.period == "run"
+
+    def describe(self) -> str:
+        return f"{self.limit} call(s) per {self.period} ({self.bucket})"
+
+
+def parse_quota(text: str | None, *, tool_name: str) -> tuple[QuotaLimit, ...]:
+    """The parsed `cost.quota`; ContractError naming the item that is wrong."""
+    limits: list[QuotaLimit] = []
+    for item in (text or "").split(";"):
+        item = item.strip()
+        if not item:
+            continue
+        match = _QUOTA_ITEM.match(item)
+        if match is None or match["period"] not in QUOTA_PERIODS:
+            raise ContractError(
+                f"cost.quota item {item!r} must be [bucket:]COUNT/PERIOD with PERIOD "
+                f"one of {', '.join(QUOTA_PERIODS)} (e.g. 5/run;100/day)"
+            )
+        limits.append(
+            QuotaLimit(
+                match["bucket"] or tool_name, int(match["count"]), match["period"]
+            )
+        )
+    return tuple(limits)
 
 
 @dataclass(frozen=True)
@@ -98,6 +200,18 @@ class ToolContract:
             raise ContractError(f"tool {self.name!r} needs a description")
         object.__setattr__(self, "input_schema", prepare_schema(self.input_schema))
         object.__setattr__(self, "preconditions", tuple(self.preconditions))
+        # Checked now: a contract whose host-only fields cannot take effect is
+        # refused when the tool is built, not when it is first called.
+        parse_auth_scope(self.auth_scope)
+        parse_quota(self.cost.quota, tool_name=self.name)
+
+    @cached_property
+    def scope(self) -> AuthScope:
+        return parse_auth_scope(self.auth_scope)
+
+    @cached_property
+    def quotas(self) -> tuple[QuotaLimit, ...]:
+        return parse_quota(self.cost.quota, tool_name=self.name)
 
     @property
     def trusted(self) -> bool:

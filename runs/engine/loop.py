@@ -21,6 +21,13 @@ from runs.engine.budget import (
     ModelPrice,
     charge_model_call,
 )
+from runs.engine.enforcement import (
+    REPEATED_ERROR_RULE,
+    ContractLedger,
+    Escalation,
+    RetryPolicy,
+    note_outcome,
+)
 from runs.engine.envelope import ToolResult
 from runs.engine.evaluator import (
     Evaluation,
@@ -29,7 +36,13 @@ from runs.engine.evaluator import (
     run_evaluator,
 )
 from runs.engine.observation import DEFAULT_OBSERVATION_CHARS, Artifact
-from runs.engine.policy import PolicyContext, PolicyDecision, PolicyHook, default_policy
+from runs.engine.policy import (
+    PolicyAction,
+    PolicyContext,
+    PolicyDecision,
+    PolicyHook,
+    default_policy,
+)
 from runs.engine.progress import DEFAULT_MAX_RETRIES, ProgressTracker
 from runs.engine.step import (
     GateVerdict,
@@ -46,7 +59,7 @@ from runs.engine.step import (
     record_result,
 )
 from runs.engine.stop import RunStatus, StopReason, terminal_status
-from runs.engine.tools import Tool, ToolRegistry
+from runs.engine.tools import SecretReader, Tool, ToolRegistry
 from runs.engine.transcript import Transcript
 
 
@@ -59,6 +72,7 @@ class AgentConfig:
     observation_chars: int = DEFAULT_OBSERVATION_CHARS
     max_retries: int = DEFAULT_MAX_RETRIES  # the no-progress window is this + 1
     tool_timeout_seconds: float | None = None  # None: each tool's own timeout
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # automatic retries
 
 
 @dataclass
@@ -70,6 +84,7 @@ class EngineState:
     progress: ProgressTracker = field(default_factory=ProgressTracker)
     stop_reason: StopReason | None = None
     final_text: str | None = None
+    contract: ContractLedger = field(default_factory=ContractLedger)
 
     @classmethod
     def start(cls, config: AgentConfig, user_input: str) -> EngineState:
@@ -82,13 +97,16 @@ class EngineState:
         """`copy=False` shares the live messages, for a write that serialises
         them at once (a checkpoint)."""
         messages = self.transcript.to_list() if copy else self.transcript.messages
-        return {
+        data: dict[str, Any] = {
             "messages": messages,
             "usage": self.usage.to_dict(),
             "progress": self.progress.to_dict(),
             "stop_reason": None if self.stop_reason is None else str(self.stop_reason),
             "final_text": self.final_text,
         }
+        if not self.contract.empty:  # most runs count nothing here
+            data["contract"] = self.contract.to_dict()
+        return data
 
     def to_json(self, data: Mapping[str, Any] | None = None) -> str:
         """`to_dict()` encoded, reusing the transcript's encoded messages;
@@ -112,6 +130,7 @@ class EngineState:
             progress=ProgressTracker.from_dict(data.get("progress")),
             stop_reason=None if reason is None else StopReason(reason),
             final_text=data.get("final_text"),
+            contract=ContractLedger.from_dict(data.get("contract")),
         )
 
 
@@ -166,8 +185,13 @@ def run_in_process(
     cancelled: Callable[[], bool] | None = None,
     sandbox: Callable[..., Any] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    secrets: SecretReader | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> LoopResult:
-    """Run an agent to a stop condition in memory; never raises for run failures."""
+    """Run an agent to a stop condition in memory; never raises for run failures.
+
+    `secrets`: the tenant's secrets by name (each tool reads only those its
+    auth_scope names); `sleep`: waits between automatic retries."""
     run = _InProcessRun(
         config=config,
         model=model,
@@ -183,6 +207,8 @@ def run_in_process(
         cancelled=cancelled,
         sandbox=sandbox,
         clock=clock,
+        secrets=secrets,
+        sleep=sleep,
     )
     return run.run()
 
@@ -203,6 +229,8 @@ class _InProcessRun:
     cancelled: Callable[[], bool] | None
     sandbox: Callable[..., Any] | None
     clock: Callable[[], float]
+    secrets: SecretReader | None
+    sleep: Callable[[float], None]
     steps: list[StepRecord] = field(default_factory=list)
     artifacts: list[Artifact] = field(default_factory=list)
     model_error: ModelError | None = None
@@ -311,6 +339,10 @@ class _InProcessRun:
                 tenant_id=self.tenant_id,
                 sandbox=self.sandbox,
                 timeout_seconds=self.config.tool_timeout_seconds,
+                ledger=self.state.contract,
+                retry=self.config.retry,
+                secret_reader=self.secrets,
+                sleep=self.sleep,
             )
             self.state.usage = outcome.usage
             if outcome.executed:
@@ -318,7 +350,25 @@ class _InProcessRun:
             self._record(record, call, outcome.result)
             if outcome.stop_reason is not None:
                 return outcome.stop_reason
+            escalation = note_outcome(call.name, outcome.result, self.state.contract)
+            if escalation is not None and not self._human_lets_go_on(
+                call, gate.tool, escalation
+            ):
+                return StopReason.REPEATED_ERROR
         return None
+
+    def _human_lets_go_on(
+        self, call: ToolCall, tool: Tool, escalation: Escalation
+    ) -> bool:
+        """A repeated error the tool wants a person to see: ask the approver, if
+        there is one; otherwise (or when it was not a question for a person) the
+        run ends."""
+        if not escalation.ask_human or self.approver is None:
+            return False
+        decision = PolicyDecision(
+            PolicyAction.REQUIRE_APPROVAL, REPEATED_ERROR_RULE, escalation.question()
+        )
+        return self.approver(call, tool, decision).approved
 
     def _record(self, record: StepRecord, call: ToolCall, result: ToolResult) -> None:
         _, artifact = record_result(

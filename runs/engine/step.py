@@ -11,6 +11,7 @@ Order per step (DESIGN.md §4):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -37,6 +38,14 @@ from runs.engine.budget import (
     estimate_input_tokens,
     model_call_reservation,
 )
+from runs.engine.enforcement import (
+    NO_RETRIES,
+    ContractLedger,
+    RetryPolicy,
+    charge_run_quota,
+    may_auto_retry,
+    run_quota_refusal,
+)
 from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.observation import (
     DEFAULT_OBSERVATION_CHARS,
@@ -53,7 +62,13 @@ from runs.engine.policy import (
 )
 from runs.engine.progress import ProgressTracker, step_fingerprint
 from runs.engine.stop import StopReason
-from runs.engine.tools import Tool, ToolContext, ToolRegistry, execute_tool
+from runs.engine.tools import (
+    SecretReader,
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    execute_tool,
+)
 from runs.engine.transcript import Transcript
 from runs.engine.validation import validate_arguments
 
@@ -233,6 +248,7 @@ class ExecutionOutcome:
     usage: BudgetVector
     executed: bool
     stop_reason: StopReason | None = None  # a budget cap refused the call
+    attempts: int = 0  # how many times the handler ran (retries included)
 
 
 def execute_call(
@@ -245,8 +261,18 @@ def execute_call(
     tenant_id: str = "",
     sandbox: Callable[..., Any] | None = None,
     timeout_seconds: float | None = None,
+    ledger: ContractLedger | None = None,
+    retry: RetryPolicy = NO_RETRIES,
+    secret_reader: SecretReader | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> ExecutionOutcome:
-    """Check the tool budget, then execute; the usage returned includes the call."""
+    """Check the tool budget and the run's quota, then execute (retrying a
+    transient error as `retry` allows); the usage returned includes the call.
+
+    A budget cap's refusal carries its `stop_reason`; a quota's has none (the
+    model is told, the run goes on). `ledger`: the run's contract counts (quota,
+    retries), updated here.
+    """
     refused = check_before_tool_call(usage, limits, tool_cost=tool.money_cost)
     if refused is not None:
         result = ToolResult.failure(
@@ -254,14 +280,37 @@ def execute_call(
             f"{call.name} was not executed: the run's {refused} budget is exhausted",
         )
         return ExecutionOutcome(result, usage, executed=False, stop_reason=refused)
+    ledger = ContractLedger() if ledger is None else ledger
+    over_quota = run_quota_refusal(tool, ledger)
+    if over_quota is not None:
+        return ExecutionOutcome(over_quota, usage, executed=False)
+    charge_run_quota(tool, ledger)
     context = ToolContext.for_call(
-        run_id, call.call_id, tenant_id=tenant_id, sandbox=sandbox
+        run_id,
+        call.call_id,
+        tenant_id=tenant_id,
+        sandbox=sandbox,
+        allowed_secrets=tool.contract.scope.secrets,
+        secret_reader=secret_reader,
     )
+    attempts = 1
     result = execute_tool(
         tool, call.arguments, context, timeout_seconds=timeout_seconds
     )
+    while may_auto_retry(tool.contract, result, ledger, retry):
+        ledger.retries[tool.name] = ledger.retries.get(tool.name, 0) + 1
+        sleep(retry.delay(ledger.retries[tool.name]))
+        attempts += 1
+        result = execute_tool(
+            tool, call.arguments, context, timeout_seconds=timeout_seconds
+        )
+    if attempts > 1:
+        result = result.with_cost(attempts=attempts)
     return ExecutionOutcome(
-        result, charge_tool_call(usage, tool.money_cost), executed=True
+        result,
+        charge_tool_call(usage, tool.money_cost),
+        executed=True,
+        attempts=attempts,
     )
 
 

@@ -16,6 +16,9 @@ class StopReason(StrEnum):
     DEADLINE = "deadline"
     NO_PROGRESS = "no_progress"
     POLICY_DENIED = "policy_denied"
+    # A tool failed with the same non-retryable error twice in a row and its
+    # suggested action did not ask for a person (or the person said stop).
+    REPEATED_ERROR = "repeated_error"
     CANCELLED = "cancelled"
     MODEL_ERROR = "model_error"
     INTERNAL_ERROR = "internal_error"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from runs.engine.contracts import Effect, Idempotency, ToolContract
-from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
+from runs.engine.contracts import ContractError, Effect, Idempotency, ToolContract
+from runs.engine.envelope import ErrorCode, SuggestedAction, ToolFailure, ToolResult
 
 DEFAULT_TOOL_TIMEOUT_SECONDS = 30.0
 
@@ -26,9 +26,19 @@ def idempotency_key_for(run_id: str, call_id: str) -> str:
     return hashlib.sha256(f"{run_id}:{call_id}".encode()).hexdigest()[:32]
 
 
+# The host's lookup of one of the run's tenant's secrets by name; raises
+# LookupError (naming the secret, never a value) when it is not set.
+SecretReader = Callable[[str], str]
+
+
 @dataclass(frozen=True)
 class ToolContext:
-    """What a handler knows about the call besides its arguments."""
+    """What a handler knows about the call besides its arguments.
+
+    Secrets come only through `secret(name)`, which answers for the names the
+    tool's `auth_scope` lists (`secrets:...`) and nothing else: a tool never sees
+    another tool's secret, and the context holds no value, only the reader.
+    """
 
     run_id: str
     call_id: str
@@ -36,6 +46,8 @@ class ToolContext:
     idempotency_key: str = ""
     sandbox: Callable[..., Any] | None = None  # the host's sandbox runner entry
     attributes: Mapping[str, Any] = field(default_factory=dict)
+    allowed_secrets: frozenset[str] = frozenset()
+    secret_reader: SecretReader | None = field(default=None, repr=False)
 
     @classmethod
     def for_call(
@@ -46,6 +58,8 @@ class ToolContext:
         tenant_id: str = "",
         sandbox: Callable[..., Any] | None = None,
         attributes: Mapping[str, Any] | None = None,
+        allowed_secrets: frozenset[str] = frozenset(),
+        secret_reader: SecretReader | None = None,
     ) -> ToolContext:
         return cls(
             run_id=run_id,
@@ -54,7 +68,33 @@ class ToolContext:
             idempotency_key=idempotency_key_for(run_id, call_id),
             sandbox=sandbox,
             attributes=dict(attributes or {}),
+            allowed_secrets=allowed_secrets,
+            secret_reader=secret_reader,
         )
+
+    def secret(self, name: str) -> str:
+        """The value of a secret the tool's auth_scope names; raises ToolFailure
+        EACCES for any other name, or when the host provides no secrets."""
+        if name not in self.allowed_secrets:
+            raise ToolFailure(
+                ErrorCode.EACCES,
+                f"secret {name!r} is outside this tool's auth_scope",
+                suggested_action=str(SuggestedAction.STOP_AND_REQUEST_HUMAN),
+            )
+        if self.secret_reader is None:
+            raise ToolFailure(
+                ErrorCode.EACCES, f"secret {name!r} is not available here"
+            )
+        try:
+            return self.secret_reader(name)
+        except LookupError as missing:
+            # The lookup's message names the secret ("secret 'X' is not set in
+            # this tenant"); it never carries a value.
+            raise ToolFailure(
+                ErrorCode.EACCES,
+                str(missing.args[0]) if missing.args else f"secret {name!r} is not set",
+                suggested_action=str(SuggestedAction.STOP_AND_REQUEST_HUMAN),
+            ) from None
 
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], "ToolResult | Mapping[str, Any]"]
@@ -68,6 +108,14 @@ class Tool:
     handler: ToolHandler
     check_preconditions: PreconditionCheck | None = None
     timeout_seconds: float | None = DEFAULT_TOOL_TIMEOUT_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.contract.preconditions and self.check_preconditions is None:
+            # A declared precondition nobody checks would be a promise the host
+            # does not keep.
+            raise ContractError(
+                f"tool {self.contract.name!r} declares preconditions but no check"
+            )
 
     @property
     def name(self) -> str:
@@ -112,16 +160,31 @@ class ToolRegistry:
         return [tool.contract.model_view() for tool in self._tools.values()]
 
 
+def unmet_precondition(
+    tool: Tool, arguments: Mapping[str, Any], ctx: ToolContext
+) -> str | None:
+    """Why the tool's declared preconditions do not hold now, or None (fail-safe:
+    a check that raises counts as not holding)."""
+    if tool.check_preconditions is None:
+        return None
+    try:
+        return tool.check_preconditions(arguments, ctx)
+    except Exception as exc:  # noqa: BLE001 - a failing check must not run the call
+        return f"the precondition check failed ({type(exc).__name__})"
+
+
+def precondition_failed_result(unmet: str) -> ToolResult:
+    """Nothing ran (spec §1.5's example: EPERM, stop and request a human)."""
+    return ToolResult.failure(ErrorCode.EPERM, f"precondition failed: {unmet}")
+
+
 def _call_handler(
     tool: Tool, arguments: dict[str, Any], ctx: ToolContext
 ) -> ToolResult:
+    unmet = unmet_precondition(tool, arguments, ctx)
+    if unmet is not None:
+        return precondition_failed_result(unmet)
     try:
-        if tool.check_preconditions is not None:
-            unmet = tool.check_preconditions(arguments, ctx)
-            if unmet is not None:
-                return ToolResult.failure(
-                    ErrorCode.EPERM, f"precondition failed: {unmet}"
-                )
         out = tool.handler(arguments, ctx)
     except ToolFailure as failure:
         return failure.result

@@ -55,6 +55,7 @@ from runs.engine.budget import (
     check_before_tool_call,
     estimate_input_tokens,
 )
+from runs.engine.enforcement import note_outcome
 from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.evaluator import EvaluationSubject, run_evaluator
 from runs.engine.loop import EngineState
@@ -81,11 +82,17 @@ from runs.engine.tools import (
     idempotency_key_for,
     may_rerun_after_crash,
     unknown_outcome_result,
+    unmet_precondition,
 )
 from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
 from runs.services.admission import budget_run_ended
+from runs.services.contract import (
+    contract_refusal,
+    repeated_error_ask,
+    secret_reader_for,
+)
 from runs.services.dispatch import step_dispatch_on_commit
 from runs.services.lease_renewal import lease_renewer
 from runs.services.lifecycle import (
@@ -569,26 +576,21 @@ def _approved_call_gate(
         )
         if problem is not None:
             return f"the tenant's policy asks for a new approval: {problem}"
-    unmet = _approved_call_precondition(ctx, call)
+    unmet = _precondition_now(ctx, call)
     if unmet is not None:
         return f"its precondition no longer holds: {unmet}"
     return None
 
 
-def _approved_call_precondition(ctx: StepContext, call: ToolCall) -> str | None:
-    """Re-check the tool's preconditions on the world as it is now (fail-safe)."""
+def _precondition_now(ctx: StepContext, call: ToolCall) -> str | None:
+    """The tool's preconditions on the world as it is now (fail-safe)."""
     tool = ctx.runtime.registry.get(call.name)
     if tool is None:
         return f"there is no tool named {call.name!r} any more"
-    if tool.check_preconditions is None:
-        return None
     context = ToolContext.for_call(
         str(ctx.run.id), call.call_id, tenant_id=str(ctx.run.tenant_id)
     )
-    try:
-        return tool.check_preconditions(call.arguments, context)
-    except Exception as exc:  # noqa: BLE001 - a failing check must not run the call
-        return f"the precondition check failed ({type(exc).__name__})"
+    return unmet_precondition(tool, call.arguments, context)
 
 
 def _note_on_observation(
@@ -638,6 +640,16 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
     if ctx.unsaved_results:  # an earlier call's result goes first
         with recoverable_transaction():
             ctx.save_results()
+    refused = contract_refusal(
+        run=ctx.run,
+        tool=tool,
+        ledger=ctx.state.contract,
+        first_attempt=not row.attempts,
+    )
+    if refused is not None:  # a permission or quota: not executed, the run goes on
+        _record(ctx, row, call, refused, ToolCallRow.Status.REFUSED)
+        _escalate_if_repeated(ctx, call.name, refused)
+        return
     reserved = budget_before_tool_call(run=ctx.run, tool=tool, call_id=call.call_id)
     if isinstance(reserved, BudgetRefusal):
         _finish_budget_refused(ctx, reserved)
@@ -662,6 +674,9 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
             run_id=str(ctx.run.id),
             tenant_id=str(ctx.run.tenant_id),
             timeout_seconds=ctx.runtime.config.tool_timeout_seconds,
+            ledger=ctx.state.contract,
+            retry=ctx.runtime.config.retry,
+            secret_reader=secret_reader_for(tenant_id=ctx.run.tenant_id),
         )
         span.result(outcome.result, executed=outcome.executed)
     failpoint("after_tool_execute")
@@ -678,10 +693,29 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
         _record(ctx, row, call, outcome.result, ToolCallRow.Status.REFUSED)
         assert outcome.stop_reason is not None
         _finish(ctx, outcome.stop_reason, detail=f"refused before {call.name}")
+    row.attempts += outcome.attempts - 1  # automatic retries
     status = (
         ToolCallRow.Status.SUCCEEDED if outcome.result.ok else ToolCallRow.Status.FAILED
     )
     _record(ctx, row, call, outcome.result, status)
+    _escalate_if_repeated(ctx, call.name, outcome.result)
+
+
+def _escalate_if_repeated(ctx: StepContext, tool_name: str, result: ToolResult) -> None:
+    """A non-retryable error the second time in a row: as the tool's suggested
+    action says, ask a person whether the run may go on (it waits, holding
+    nothing), or end the run `repeated_error`. Returns when nothing repeated."""
+    escalation = note_outcome(tool_name, result, ctx.state.contract)
+    if escalation is None:
+        return
+    if not escalation.ask_human:
+        _finish(ctx, StopReason.REPEATED_ERROR, detail=escalation.detail())
+    with transaction.atomic():
+        repeated_error_ask(run=ctx.run, escalation=escalation)
+        ctx.checkpoint(
+            status=Run.Status.WAITING_APPROVAL, step_token=None, lease_owner=""
+        )
+    raise StepEnded("waiting")
 
 
 def _record(

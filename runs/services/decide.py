@@ -37,6 +37,7 @@ from runs.engine.actions import ToolCall as EngineToolCall
 from runs.engine.policy import PolicyAction, PolicyContext, decide_policy
 from runs.engine.validation import validate_arguments
 from runs.services.budget_extension import run_cap_extend, run_end_budget_exhausted
+from runs.services.contract import run_end_repeated_error
 from runs.services.lifecycle import run_resume
 from runs.services.policy import tenant_policy
 from runs.services.tool_call_edit import tool_call_args_replace
@@ -98,7 +99,16 @@ def _wait_end(
     """The request is final: the run waits for it no longer."""
     if request.kind == ApprovalRequest.Kind.BUDGET_EXTENSION:
         _budget_extension_settle(request, decided_by, remote_addr)
-    else:
+    elif (
+        request.kind == ApprovalRequest.Kind.TOOL_ERROR
+        and request.status != ApprovalRequest.Status.APPROVED
+    ):
+        why = "denied" if request.status == ApprovalRequest.Status.DENIED else "expired"
+        detail = f"{request.rule_reason} No: {why}"
+        if request.reason and request.reason != "expired":
+            detail += f" ({request.reason})"
+        run_end_repeated_error(run_id=request.run_id, detail=detail)
+    else:  # a tool call (the step re-checks it), or a tool error let go on
         run_resume(run_id=str(request.run_id))
 
 

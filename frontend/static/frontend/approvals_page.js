@@ -47,12 +47,13 @@ function render() {
   list.replaceChildren(...items.map((a, i) => {
     const label = approvalLabel(a);
     const budget = a.kind === "budget_extension";
+    const ofRun = a.kind !== "tool_call"; // a question about the run, not one call
     const li = el("li", { class: `inbox-item${i === active ? " active" : ""}${budget ? " budget-extension" : ""}`, tabindex: i === active ? "0" : "-1", "data-approval": a.id, "data-kind": a.kind,
       "aria-label": `${label} in run ${a.run.slice(0, 8)}, requested ${when(a.requested_at)}, ${timeLeft(a.expires_at)}` },
       el("div", { class: "inbox-head" },
         el("span", { class: "status s-waiting_approval" }, el("span", { "aria-hidden": "true", text: "‖" }), " pending"),
         el("code", { class: "tool", text: label }),
-        el("a", { href: budget ? `/runs/${a.run}/` : `/runs/${a.run}/#call=${encodeURIComponent(a.tool_call_id)}`, text: `run ${a.run.slice(0, 8)} → trace` }),
+        el("a", { href: ofRun ? `/runs/${a.run}/` : `/runs/${a.run}/#call=${encodeURIComponent(a.tool_call_id)}`, text: `run ${a.run.slice(0, 8)} → trace` }),
         el("span", { class: "muted small", text: `requested ${when(a.requested_at)}` }),
         el("span", { class: "left", "data-expires": a.expires_at, text: timeLeft(a.expires_at) })),
       el("p", { class: "rule", text: budget ? "Budget exhausted: the tenant asks before extending it" : `Rule: ${a.rule_reason || a.rule || "–"}${a.approvals_required > 1 ? ` · needs ${a.approvals_required} approvals (${(a.decisions || []).length} so far)` : ""}` }),

@@ -9,6 +9,19 @@ const STATUS = {
   denied: ["✕", "denied"], expired: ["⊖", "expired"],
 };
 
+// Why a run stopped, in words (runs/engine/stop.py; an unknown reason shows as is).
+const STOP_REASONS = {
+  done: "done", max_steps: "step cap reached", max_tool_calls: "tool-call cap reached",
+  max_tokens: "token cap reached", max_cost: "cost cap reached", deadline: "deadline passed",
+  no_progress: "no progress (the same step repeated)", policy_denied: "denied by policy",
+  repeated_error: "repeated error (a tool failed the same way twice)",
+  cancelled: "cancelled", model_error: "model error", internal_error: "internal error",
+};
+
+export function stopReasonLabel(reason) {
+  return STOP_REASONS[reason] ? `${STOP_REASONS[reason]} (${reason})` : String(reason);
+}
+
 export const TERMINAL_RUN = new Set(["succeeded", "failed", "unverified", "budget_exhausted", "policy_blocked", "cancelled"]);
 
 export function statusParts(status) {
@@ -99,14 +112,19 @@ export function pretty(value) {
   return JSON.stringify(value, null, 2);
 }
 
-// What an approval decides, in a few words: the tool, or "extend <dimension> by X"
-// for a budget extension (a refused reservation the tenant asked to be asked about).
+// What an approval decides, in a few words: the tool, "extend <dimension> by X"
+// for a budget extension (a refused reservation the tenant asked to be asked about),
+// or "<tool> failed repeatedly: go on?" for a tool error (docs/engine.md).
 export function approvalLabel(approval) {
-  return approval.kind === "budget_extension" ? approval.summary : approval.tool;
+  return approval.kind === "tool_call" ? approval.tool : approval.summary;
 }
 
 // The facts a decider needs: the tool's arguments, or the extension's numbers.
 export function approvalDetails(approval) {
+  if (approval.kind === "tool_error") {
+    return `${pretty(approval.args)}\napprove: the run goes on (the model sees the error)` +
+      "\ndeny: the run ends repeated_error";
+  }
   if (approval.kind !== "budget_extension" || !approval.extension) return pretty(approval.args);
   const x = approval.extension;
   return `${x.detail}\nlimit ${x.limit} · used or reserved ${x.used} · this call needs ${x.wanted}` +

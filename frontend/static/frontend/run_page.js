@@ -2,7 +2,7 @@
 // approval controls on the pending call's node.
 
 import { api, ApiError, rowsOf } from "./api.js";
-import { approvalDetails, approvalLabel, decisionSummary, duration, el, money, pretty, since, statusBadge, timeLeft, tokens, TERMINAL_RUN, when } from "./format.js";
+import { approvalDetails, approvalLabel, decisionSummary, duration, el, money, pretty, since, statusBadge, stopReasonLabel, timeLeft, tokens, TERMINAL_RUN, when } from "./format.js";
 import { Stream, throttle } from "./stream.js";
 import { TraceModel } from "./trace_model.js";
 import { TreeView } from "./tree_view.js";
@@ -210,7 +210,7 @@ function renderRun() {
     ["Duration", duration(since(run.started_at, end))], ["Steps", run.steps], ["Tool calls", run.tool_calls],
     ["Tokens", `${tokens(run.input_tokens)} in / ${tokens(run.output_tokens)} out`], ["Cost", money(run.cost)],
   ];
-  if (run.stop_reason) facts.push(["Stop reason", `${run.stop_reason}${run.stop_detail ? ` — ${run.stop_detail}` : ""}`]);
+  if (run.stop_reason) facts.push(["Stop reason", `${stopReasonLabel(run.stop_reason)}${run.stop_detail ? ` — ${run.stop_detail}` : ""}`]);
   if (run.verdict) facts.push(["Outcome", outcomeText(), "run-verdict"]);
   const decided = [...approvals.values()].filter((a) => a.status !== "pending").map(decisionOfApproval);
   if (decided.length) {
@@ -559,7 +559,7 @@ function renderDetail(node, full) {
   if (approval) {
     const box = el("section", { class: "approval-card" }, el("h3", { text: "Waiting for approval" }),
       el("p", { text: `Rule: ${approval.rule_reason || approval.rule} · ${timeLeft(approval.expires_at)}` }));
-    if (canDecide && approval.kind !== "budget_extension") box.append(approvalForm(approval));
+    if (canDecide && approval.kind === "tool_call") box.append(approvalForm(approval));
     else {
       box.append(el("pre", { class: "args", text: approvalDetails(approval) }));
       if (canDecide) box.append(
