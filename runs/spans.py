@@ -35,6 +35,7 @@ from approvals.models import ApprovalRequest
 from controlplane.redaction import redact
 from runs.engine.evaluator import verdict_of
 from runs.models import Run
+from tracing.live import SpanDeltaRelay
 from tracing.models import Span
 from tracing.processor import (
     RUN_ID_KEY,
@@ -338,18 +339,34 @@ def step_span(
 
 
 class ChatRecorder:
-    def __init__(self, span: trace.Span) -> None:
+    def __init__(self, span: trace.Span, run: Run | None = None) -> None:
         self.span = span
+        self.run = run
+        self.relay: SpanDeltaRelay | None = None
+
+    def deltas(self) -> SpanDeltaRelay | None:
+        """A sink for the reply's streamed text: live in the run's stream while
+        the model writes (the span keeps the whole output when it ends)."""
+        if self.run is None or not self.span.is_recording():
+            return None
+        span_id = f"{self.span.get_span_context().span_id:016x}"
+        self.relay = SpanDeltaRelay(run_id=self.run.id, span_id=span_id)
+        return self.relay
 
     def reply(self, reply: Any) -> None:
         """Record a ModelReply or a ModelError on the chat span."""
         span = self.span
+        if self.relay is not None:
+            self.relay.close()  # the tail, before the span's end goes out
+            span.set_attribute("cp.model.live_messages", self.relay.messages)
+        _routing_attributes(span, getattr(reply, "routing", None))
         if isinstance(reply, Exception):
             span.set_attribute(
                 "error.type", getattr(reply, "kind", type(reply).__name__)
             )
             span.set_status(Status(StatusCode.ERROR, str(reply)))
             return
+        span.set_attribute("cp.model.provider", reply.provider or "")
         span.set_attribute("gen_ai.response.model", reply.model or "")
         span.set_attribute("gen_ai.response.finish_reasons", [reply.finish_reason])
         span.set_attribute("gen_ai.usage.input_tokens", reply.usage.input_tokens)
@@ -362,6 +379,38 @@ class ChatRecorder:
         if reply.tool_calls:
             message["tool_calls"] = [call.to_dict() for call in reply.tool_calls]
         span.set_attribute("gen_ai.output.messages", _json([message]))
+
+
+def _routing_attributes(span: trace.Span, routing: Any) -> None:
+    """Which endpoint and model answered, the circuit's state, a fallback's
+    reason (runs.engine.adapters.breaker): on the span, and an event when the
+    fallback answered or the circuit opened."""
+    if not isinstance(routing, dict) or not span.is_recording():
+        return
+    span.set_attribute("cp.model.endpoint", str(routing.get("endpoint") or ""))
+    span.set_attribute("cp.model.circuit", str(routing.get("circuit") or ""))
+    span.set_attribute("cp.model.fallback_used", bool(routing.get("fallback_used")))
+    answered = routing.get("answered_by") or {}
+    if routing.get("fallback_used"):
+        span.set_attribute("cp.model.fallback_reason", str(routing["fallback_reason"]))
+        span.set_attribute("cp.model.answered_by.endpoint", str(answered["endpoint"]))
+        span.set_attribute("cp.model.answered_by.model", str(answered["model"]))
+        span.add_event(
+            "model.fallback",
+            {
+                "cp.model.fallback_reason": str(routing["fallback_reason"]),
+                "cp.model.answered_by.endpoint": str(answered["endpoint"]),
+                "cp.model.answered_by.model": str(answered["model"]),
+            },
+        )
+    if routing.get("circuit_opened"):
+        span.add_event(
+            "model.circuit_opened",
+            {"cp.model.endpoint": str(routing.get("endpoint") or "")},
+        )
+    error = routing.get("primary_error")
+    if isinstance(error, dict):
+        span.set_attribute("cp.model.primary_error", str(error.get("kind") or ""))
 
 
 @contextmanager
@@ -391,7 +440,7 @@ def chat_span(
         ) as span,
         span_batch_flush_if_slow(),
     ):  # visible while a slow model works
-        yield ChatRecorder(span)
+        yield ChatRecorder(span, run)
 
 
 class ToolRecorder:

@@ -368,6 +368,17 @@ class RunEventStreamConsumer(_StreamConsumer):
         for event in message["events"]:
             await self._deliver(event)
 
+    async def run_delta(self, message: dict[str, Any]) -> None:
+        """Live text of a running span (tracing.live): not in the log, no seq.
+        Sent only once the client said where it is, and dropped rather than
+        queued when the client is behind: a full queue must not cost it the
+        stream, and the span's end carries the whole text."""
+        if self.last_seq is None or self.closing:
+            return
+        if self.queue.qsize() >= self.queue.maxsize // 2:
+            return
+        await self._enqueue({"type": "delta", **message["delta"]})
+
     async def _on_heartbeat(self) -> None:
         # A lost broadcast at the tail shows no gap until the next event: the
         # heartbeat looks at the log too.

@@ -361,7 +361,7 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
         ctx.run, messages_json=state.transcript.messages_json(), tools=tools
     ) as chat:
         called = time.monotonic()
-        reply = call_model(runtime.model, messages, tools, plan)
+        reply = call_model(runtime.model, messages, tools, plan, on_delta=chat.deltas())
         metrics.model_call_observed(
             ok=isinstance(reply, ModelReply), seconds=time.monotonic() - called
         )

@@ -284,8 +284,44 @@ function costOf(node) {
   return null;
 }
 
+// ---- live model output ------------------------------------------------------------
+// A streamed reply's text while the model writes: display only, not in the log.
+// The chat span stored at its end holds the whole output, so the live text goes
+// away then. `offset` says where a batch starts: a repeat is skipped, a gap
+// marked; `reset` voids what was shown (a dropped stream asked again, a fallback).
+
+const live = new Map(); // span_id -> text so far
+
+function applyDelta(frame) {
+  const node = model.nodes.get(frame.span_id);
+  if (node && node.s.ended_at) return; // late: the span has its whole output
+  let text = live.get(frame.span_id) ?? "";
+  if (frame.reset) text = "";
+  else if (frame.offset < text.length) return; // already shown
+  else if (frame.offset > text.length) text += " … ";
+  live.set(frame.span_id, text + (frame.text || ""));
+  renderLive(frame.span_id);
+}
+
+function endLive(spanId) {
+  if (!live.delete(spanId)) return;
+  renderLive(null);
+}
+
+function renderLive(spanId) {
+  const box = document.getElementById("live-output");
+  const id = spanId && live.has(spanId) ? spanId : [...live.keys()].pop();
+  if (!id) { box.hidden = true; return; }
+  const node = model.nodes.get(id);
+  document.getElementById("live-span").textContent = node ? node.s.name : "";
+  document.getElementById("live-text").textContent = live.get(id);
+  box.dataset.spanId = id;
+  box.hidden = false;
+}
+
 function applyEvent(event) {
   const type = event.type || "";
+  if (type === "span.ended" || type === "span.abandoned") endLive(event.payload.span_id);
   if (type === "span.started" || type === "span.ended" || type === "span.abandoned") {
     const known = model.nodes.has(event.payload.span_id);
     const node = model.upsert(event.payload, { complete: firstEvent(event) });
@@ -648,6 +684,7 @@ window.cpStream = new Stream({
   cursor,
   cursorOf: (event) => event.seq,
   onEvent: applyEvent,
+  onDelta: applyDelta,
   poll: async (after) => rowsOf(await api(`/api/v1/runs/${runId}/events/?after_seq=${after ?? 0}&limit=500`)),
   onFatal: (code) => flash(code === 4404 ? "This run is not in your tenant." : "Your session ended; log in again."),
 }).start();

@@ -35,8 +35,9 @@ export class Stream {
   // onEvent(event); onResync(): refetch after (re)connect when no cursor;
   // poll(cursor) -> events after cursor (null: nothing to poll);
   // heartbeatSeconds: the interval assumed until the server's hello says it.
-  constructor({ path, cursorParam, cursor = null, cursorOf, onEvent, onResync, poll, onFatal, heartbeatSeconds = 20 }) {
-    Object.assign(this, { path, cursorParam, cursor, cursorOf, onEvent, onResync, poll, onFatal });
+  // onDelta(frame): live text of a running span (not in the log; display only).
+  constructor({ path, cursorParam, cursor = null, cursorOf, onEvent, onDelta, onResync, poll, onFatal, heartbeatSeconds = 20 }) {
+    Object.assign(this, { path, cursorParam, cursor, cursorOf, onEvent, onDelta, onResync, poll, onFatal });
     this.failures = 0;
     this.state = "connecting";
     this.heartbeatMs = heartbeatSeconds * 1000;
@@ -95,6 +96,7 @@ export class Stream {
       if (frame.type === "error") { this.lastError = frame; return; }
       if (this.state !== "live") this.setState("live");
       if (frame.type === "event") this.accept(frame.event);
+      else if (frame.type === "delta" && this.onDelta) this.onDelta(frame);
     };
     ws.onclose = (closed) => {
       if (this.ws !== ws) return;
