@@ -10,7 +10,8 @@ Misbehaviours for tests: an HTTP error with any status, headers and body; a
 delay before answering; a stream that drops its connection mid-way (`drop_after`
 events, no final chunk), one that ends cleanly but early (`truncate_after`), an
 error event inside a stream, a stream that never ends (`endless`), and one that
-sends its headers and then nothing (`hang`).
+sends its headers and then nothing (`hang`) or a byte at a time without ever
+finishing an event (`trickle`).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Behaviour:
     stream_error: Mapping[str, Any] | None = None  # an error event after the first
     endless: bool = False  # text deltas until the client goes away
     hang: bool = False  # headers, then silence until the client goes away
+    trickle: bool = False  # headers, then a byte at a time, never a whole event
 
 
 class ModelServer:
@@ -276,6 +278,8 @@ class ModelServer:
                 if behaviour.hang:
                     server.stopping.wait(600)
                     return
+                while behaviour.trickle and not server.stopping.wait(delay or 0.1):
+                    self._chunk(b":")  # an SSE comment that never ends its line
                 events = server.events(behaviour.reply, body)
                 if behaviour.endless:
                     events = events[:1]  # the start, then deltas forever

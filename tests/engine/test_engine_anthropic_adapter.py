@@ -208,6 +208,18 @@ def test_an_endless_stream_is_cut_at_the_deadline(server: MessagesServer) -> Non
     assert 1.4 <= time.monotonic() - started < 3.0
 
 
+@pytest.mark.parametrize("how", ["hang", "trickle"])
+def test_a_silent_or_trickling_stream_is_cut_at_the_deadline(
+    server: MessagesServer, how: str
+) -> None:
+    server.push(Behaviour(**{how: True}, chunk_delay=0.05))
+    started = time.monotonic()
+    with pytest.raises(ModelError) as caught:
+        model(server, deadline_seconds=1.5).complete(MESSAGES, [], 100)
+    assert caught.value.kind == "timeout"
+    assert time.monotonic() - started < 3.0
+
+
 def test_the_transcript_maps_to_messages_with_tool_use_and_results() -> None:
     system, turns = to_anthropic(
         [

@@ -175,6 +175,18 @@ def test_a_stream_that_goes_silent_is_cut_at_the_deadline(
     assert len(server.requests) == 1
 
 
+def test_a_stream_that_trickles_bytes_forever_is_cut_at_the_deadline(
+    server: ChatCompletionsServer,
+) -> None:
+    # Each read gets a byte in time, so only the deadline's watchdog ends it.
+    server.push(Behaviour(trickle=True, chunk_delay=0.05))
+    started = time.monotonic()
+    with pytest.raises(ModelError) as caught:
+        model(server, deadline_seconds=1.5).complete(MESSAGES, [], 64, on_delta=Sink())
+    assert caught.value.kind == "timeout"
+    assert time.monotonic() - started < 3.0
+
+
 def test_429_with_retry_after_then_a_stream(server: ChatCompletionsServer) -> None:
     server.error(429, "Rate limit reached", headers={"retry-after": "4"})
     server.reply("after the wait")
