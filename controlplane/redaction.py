@@ -65,10 +65,10 @@ _DEFAULT_KEYS = ("password", "secret", "api_key", "authorization", "token")
 
 # The tenant secret values this process has set or decrypted, in every form
 # they take in text (as is, and JSON-escaped); the most recent are kept. Shorter
-# values are not scrubbed: hiding every "abc" would garble text and protect
-# nothing a guess would not find.
+# values are not scrubbed: a test value like "none" or "true" would garble every
+# later log line and span of the process, and no credential is that short.
 _KNOWN_SECRETS_MAX = 4096
-_KNOWN_SECRET_MIN_CHARS = 4
+_KNOWN_SECRET_MIN_CHARS = 8
 _known_secrets: dict[str, None] = {}
 _known_secrets_pattern: re.Pattern[str] | None = None
 _known_secrets_lock = threading.Lock()
@@ -97,6 +97,14 @@ def secret_value_known(value: str) -> None:
         # Longest first: a value that contains another is hidden whole.
         ordered = sorted(_known_secrets, key=len, reverse=True)
         _known_secrets_pattern = re.compile("|".join(map(re.escape, ordered)))
+
+
+def known_secrets_forget() -> None:
+    """Forget every remembered value (tests: one test's values are not the next's)."""
+    global _known_secrets_pattern
+    with _known_secrets_lock:
+        _known_secrets.clear()
+        _known_secrets_pattern = None
 
 
 def scrub_known_secrets(text: str) -> str:

@@ -59,6 +59,10 @@ class SecretMissing(LookupError):
         self.name = name
         super().__init__(message or f"secret {name!r} is not set in this tenant")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (a task's failure, a process boundary) with its name and message.
+        return (type(self), (self.name, str(self)))
+
 
 class SecretUnreadable(SecretMissing):
     """The secret is stored but cannot be read: no configured key opens it (a key
@@ -138,14 +142,22 @@ def secret_value(*, tenant_id: Any, name: str) -> str:
     """The value of the tenant's secret `name`, in the clear: hand it to the one
     client that needs it, and to nothing that records (a prompt, a span, an
     event, a log line, the sandbox). SecretMissing names what is missing."""
-    secret = Secret.objects.filter(tenant_id=tenant_id, name=name).first()
+    # A name no secret can have is not looked up (a NUL in it would be a
+    # database error on PostgreSQL, not a missing secret).
+    secret = (
+        None
+        if secret_name_problem(name)
+        else Secret.objects.filter(tenant_id=tenant_id, name=name).first()
+    )
     if secret is None:
-        raise SecretMissing(name)
+        raise SecretMissing(str(name))
     return _open(secret)
 
 
 def secret_exists(*, tenant_id: Any, name: str) -> bool:
     """Whether the tenant has a secret `name` (to validate a reference to it)."""
+    if secret_name_problem(name):
+        return False
     return Secret.objects.filter(tenant_id=tenant_id, name=name).exists()
 
 
@@ -214,6 +226,8 @@ def secret_delete(
     *, tenant: Tenant, name: str, actor: User | None, remote_addr: str | None = None
 ) -> bool:
     """Delete the tenant's secret `name`; False if it had none."""
+    if secret_name_problem(name):
+        return False
     with transaction.atomic():
         deleted, _ = Secret.objects.filter(tenant=tenant, name=name).delete()
         if deleted:

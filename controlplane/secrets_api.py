@@ -77,9 +77,13 @@ class SecretCreateInputSerializer(_ValueInput):
 
 def _secret_of(request: Request, name: str) -> Secret:
     context = tenant_of(request)
-    secret = selectors.secret_list_for(tenant=context.tenant).filter(name=name).first()
+    secret = (
+        None
+        if secret_name_problem(name)  # names no secret (and may hold a NUL)
+        else selectors.secret_list_for(tenant=context.tenant).filter(name=name).first()
+    )
     if secret is None:
-        raise NotFound(f"No secret named {name!r} in this tenant.")
+        raise NotFound("No secret of this name in this tenant.")
     return secret
 
 

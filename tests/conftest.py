@@ -29,6 +29,7 @@ from django.db import connection  # noqa: E402
 
 from controlplane.celery import app as celery_app  # noqa: E402
 from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
+from controlplane.redaction import known_secrets_forget  # noqa: E402
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -77,6 +78,14 @@ def auth_failure_counters_cleared() -> None:
             client.delete(*keys)
     finally:
         client.close()
+
+
+@pytest.fixture(autouse=True)
+def known_secret_values_forgotten() -> Iterator[None]:
+    """The redaction layer remembers every secret value a process handles; one
+    test's values must not be hidden from the next test's text."""
+    yield
+    known_secrets_forget()
 
 
 def database_url_for_subprocess() -> str:

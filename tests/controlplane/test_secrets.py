@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import io
 import logging
+import pickle
 import stat
+import threading
 from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from controlplane import checks, secret_keys
 from controlplane.models import AuditEvent, Secret
@@ -54,6 +57,31 @@ def test_a_missing_secret_names_itself(tenant):
     assert str(raised.value) == "secret 'OPENAI_KEY' is not set in this tenant"
     assert raised.value.name == "OPENAI_KEY"
     assert not secret_exists(tenant_id=tenant.id, name="OPENAI_KEY")
+
+
+def test_a_name_no_secret_can_have_is_missing_without_a_query(
+    tenant, django_assert_num_queries
+):
+    with django_assert_num_queries(0):
+        for name in ("A\x00B", "has space", 7):
+            with pytest.raises(SecretMissing):
+                secret_value(tenant_id=tenant.id, name=name)
+            assert not secret_exists(tenant_id=tenant.id, name=name)
+            assert not secret_delete(tenant=tenant, name=name, actor=None)
+
+
+def test_secret_missing_survives_pickling_with_its_name_and_message():
+    copy = pickle.loads(pickle.dumps(SecretMissing("OPENAI_KEY")))
+    assert (copy.name, str(copy)) == (
+        "OPENAI_KEY",
+        "secret 'OPENAI_KEY' is not set in this tenant",
+    )
+    unreadable = pickle.loads(pickle.dumps(SecretUnreadable("K", "cannot be read")))
+    assert (type(unreadable), unreadable.name, str(unreadable)) == (
+        SecretUnreadable,
+        "K",
+        "cannot be read",
+    )
 
 
 def test_another_tenant_cannot_read_it(tenant, other_tenant, admin_user):
@@ -217,3 +245,31 @@ def test_a_handled_value_is_scrubbed_from_any_later_text(tenant, admin_user):
     secret_set(tenant=tenant, name="PLAIN", value=value, actor=admin_user)
     assert redact_text(f"calling with {value}") == f"calling with {REDACTED}"
     assert redact_text('{"x": "' + value + '"}') == '{"x": "' + REDACTED + '"}'
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_first_sets_of_one_name_make_one_secret(tenant, admin_user):
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def set_it(n: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            secret_set(tenant=tenant, name="RACED", value=f"{VALUE}-{n}", actor=None)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=set_it, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert Secret.objects.filter(tenant=tenant, name="RACED").count() == 1
+    assert secret_value(tenant_id=tenant.id, name="RACED").startswith(VALUE)
+    actions = sorted(
+        AuditEvent.objects.filter(object_id="RACED").values_list("action", flat=True)
+    )
+    assert actions == ["secret.create"] + ["secret.update"] * 3

@@ -142,3 +142,16 @@ def test_a_store_without_a_key_answers_503_saying_what_to_set(
     assert "not-a-key" not in error["message"]
     assert not Secret.objects.exists()
     assert api.get(URL).status_code == 200  # names stay readable
+
+
+def test_a_path_name_no_secret_can_have_is_a_404_to_read_and_a_400_to_set(
+    tenant: Any, admin_user: Any, api_client_for: Any
+) -> None:
+    api = api_client_for(admin_user, tenant)
+    for path in (f"{URL}A%00B/", f"{URL}has%20space/", f"{URL}%C3%A9/"):
+        assert api.get(path).status_code == 404
+        assert api.delete(path).status_code == 404
+        refused = api.put(path, {"value": VALUE}, format="json")
+        assert refused.status_code == 400
+        assert "name" in refused.json()["error"]["fields"]
+    assert not Secret.objects.exists()
