@@ -34,7 +34,8 @@ class Action(StrEnum):
     # run.read), and how long the tenant's runs are kept (docs/data.md).
     RUN_DELETE = "run.delete"
     RETENTION_WRITE = "retention.write"
-    AGENT_READ = "agent.read"  # the agents a run may be started from
+    AGENT_READ = "agent.read"  # the agents a run may be started from (and MCP servers)
+    MCP_WRITE = "mcp.write"  # register, refresh, accept and configure MCP servers
     STREAM_READ = "stream.read"  # WebSocket streams of runs and the tenant
     PAGE_READ = "page.read"  # the browser pages
     APPROVAL_READ = "approval.read"

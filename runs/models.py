@@ -11,7 +11,7 @@ from django.db import models
 from controlplane.models import Tenant
 from runs.engine.stop import TERMINAL_STATUSES
 
-__all__ = ["Agent", "Run", "Step", "ToolCall"]
+__all__ = ["Agent", "McpServer", "McpTool", "Run", "Step", "ToolCall"]
 
 
 class Agent(models.Model):
@@ -205,3 +205,117 @@ class ToolCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool_name} ({self.status})"
+
+
+class McpServer(models.Model):
+    """A tenant's MCP server: its tools become agent tools `mcp:<slug>/<tool>`.
+
+    Streamable HTTP (reached from the worker, with an optional tenant secret sent
+    as its auth header) or a stdio command that runs inside the sandbox.
+    """
+
+    class Transport(models.TextChoices):
+        HTTP = "http"
+        STDIO = "stdio"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="mcp_servers"
+    )
+    slug = models.SlugField(max_length=40)
+    name = models.CharField(max_length=200)
+    transport = models.CharField(max_length=8, choices=Transport.choices)
+    url = models.CharField(max_length=500, blank=True)
+    command = models.JSONField(default=list, blank=True)  # argv, never a shell string
+    # The name of a tenant secret (controlplane.secrets), never its value.
+    auth_secret = models.CharField(max_length=64, blank=True)
+    auth_header = models.CharField(max_length=100, default="Authorization")
+    auth_prefix = models.CharField(max_length=40, default="Bearer ", blank=True)
+    # "host:port" entries: what a stdio server may reach through the egress proxy,
+    # and the private or loopback hosts an HTTP server's URL may name.
+    network = models.JSONField(default=list, blank=True)
+    enabled = models.BooleanField(default=True)
+    last_refresh_at = models.DateTimeField(null=True, blank=True)
+    last_refresh_status = models.CharField(max_length=16, blank=True)  # ok | error
+    last_refresh_error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "slug"], name="mcp_server_slug_per_tenant"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class McpTool(models.Model):
+    """One tool of an MCP server, pinned: the definition an admin accepted is what
+    the model sees and what may be called; a server that changes it later gets
+    the tool disabled (`changed`) until the new definition is accepted."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        CHANGED = "changed"  # the server's definition is not the accepted one
+        REMOVED = "removed"  # the server no longer lists it
+        INVALID = "invalid"  # its input schema is not acceptable to the host
+
+    class Effect(models.TextChoices):
+        READ_ONLY = "read_only"
+        IDEMPOTENT_WRITE = "idempotent_write"
+        WRITE = "write"
+        IRREVERSIBLE_EXTERNAL = "irreversible_external"
+
+    class Idempotency(models.TextChoices):
+        NATURAL = "natural"
+        REQUIRED_KEY = "required_key"
+        NONE = "none"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    server = models.ForeignKey(
+        McpServer, on_delete=models.CASCADE, related_name="tools"
+    )
+    name = models.CharField(max_length=128)
+    # What the server lists now (seen at the last refresh or call).
+    description = models.TextField(blank=True)
+    input_schema = models.JSONField(default=dict)
+    annotations = models.JSONField(default=dict, blank=True)  # untrusted hints
+    definition_sha256 = models.CharField(max_length=64)
+    # What an admin accepted: the model sees this, and a call needs the server to
+    # list exactly this.
+    accepted_sha256 = models.CharField(max_length=64, blank=True)
+    accepted_description = models.TextField(blank=True)
+    accepted_input_schema = models.JSONField(default=dict)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(
+        max_length=10, choices=Status.choices, default=Status.ACTIVE
+    )
+    problem = models.TextField(blank=True)  # why it is invalid
+    # Set by the tenant; empty means unknown: an irreversible external write.
+    effect = models.CharField(max_length=24, choices=Effect.choices, blank=True)
+    idempotency = models.CharField(
+        max_length=16, choices=Idempotency.choices, default=Idempotency.NONE
+    )
+    requires_approval = models.BooleanField(default=True)
+    timeout_seconds = models.PositiveIntegerField(default=30)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "name"], name="mcp_tool_name_per_server"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.name} ({self.status})"

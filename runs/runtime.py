@@ -116,7 +116,7 @@ def runtime_for(
                 backoff_seconds=settings.RUN_TOOL_RETRY_BACKOFF_SECONDS,
             ),
         ),
-        registry=tool_registry_for(agent.tool_names),
+        registry=tool_registry_for(agent.tool_names, tenant_id=run.tenant_id),
         model=model_adapter_for(agent, replies_consumed=replies_consumed),
         policy=import_string(settings.RUN_POLICY_HOOK),
         limits=limits,

@@ -14,7 +14,7 @@ from budgets.periods import bucket_start
 from budgets.selectors import budget_of
 from budgets.services import budget_usage
 from controlplane.models import Tenant
-from runs.models import Agent, Run, Step, ToolCall
+from runs.models import Agent, McpServer, McpTool, Run, Step, ToolCall
 
 
 def run_list_for(
@@ -97,3 +97,19 @@ def _runs_window_usage(
         name: {"used": str(totals[name] or 0), "reserved": "0"}
         for name in PERIOD_DIMENSIONS
     }
+
+
+def mcp_server_list_for(*, tenant: Tenant) -> QuerySet[McpServer]:
+    return (
+        McpServer.objects.filter(tenant=tenant)
+        .prefetch_related("tools")
+        .order_by("slug")
+    )
+
+
+def mcp_tool_for(*, tenant: Tenant, server_id: uuid.UUID, name: str) -> McpTool | None:
+    return (
+        McpTool.objects.filter(server__tenant=tenant, server_id=server_id, name=name)
+        .select_related("server", "server__tenant")
+        .first()
+    )

@@ -1,6 +1,14 @@
 from django.urls import path
 
-from runs import agents_api, api, approvals_api, budget_api, data_api, trace_api
+from runs import (
+    agents_api,
+    api,
+    approvals_api,
+    budget_api,
+    data_api,
+    mcp_api,
+    trace_api,
+)
 
 urlpatterns = [
     path("agents/", agents_api.AgentListApi.as_view(), name="api-agents"),
@@ -48,5 +56,26 @@ urlpatterns = [
         "approval-rules/<uuid:rule_id>/",
         approvals_api.ApprovalRuleDetailApi.as_view(),
         name="api-approval-rule",
+    ),
+    path("mcp-servers/", mcp_api.McpServerListApi.as_view(), name="api-mcp-servers"),
+    path(
+        "mcp-servers/<uuid:server_id>/",
+        mcp_api.McpServerDetailApi.as_view(),
+        name="api-mcp-server",
+    ),
+    path(
+        "mcp-servers/<uuid:server_id>/refresh/",
+        mcp_api.McpServerRefreshApi.as_view(),
+        name="api-mcp-server-refresh",
+    ),
+    path(
+        "mcp-servers/<uuid:server_id>/tools/<str:tool_name>/",
+        mcp_api.McpToolDetailApi.as_view(),
+        name="api-mcp-tool",
+    ),
+    path(
+        "mcp-servers/<uuid:server_id>/tools/<str:tool_name>/accept/",
+        mcp_api.McpToolAcceptApi.as_view(),
+        name="api-mcp-tool-accept",
     ),
 ]

@@ -14,7 +14,7 @@ from controlplane.models import Role
 from controlplane.permissions import MATRIX, Action, role_may
 from controlplane.secrets import secret_exists, secret_set
 from controlplane.services import api_token_issue, api_token_revoke
-from runs.models import Run
+from runs.models import McpServer, Run
 from runs.services import run_cancel, run_start
 from tests.runs import conftest as runs_fixtures
 
@@ -38,6 +38,7 @@ EXPECTED = {
     Action.SECRET_WRITE:      (True,  False, False),
     Action.TRACE_INGEST:      (True,  True,  False),
     Action.AGENT_READ:        (True,  True,  True),
+    Action.MCP_WRITE:         (True,  False, False),
     Action.TENANT_READ:       (True,  True,  True),
     Action.TOKEN_MANAGE:      (True,  True,  True),
 }  # fmt: skip
@@ -176,6 +177,15 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
         assert (response.status_code == 200) == Run.objects.exists()
     elif action is Action.AGENT_READ:
         response = api.get("/api/v1/agents/")
+    elif action is Action.MCP_WRITE:
+        server = McpServer.objects.create(
+            tenant=tenant, slug="files", name="Files", transport="stdio",
+            command=["true"],
+        )  # fmt: skip
+        body = {"name": "Renamed"}
+        response = api.patch(f"/api/v1/mcp-servers/{server.id}/", body, format="json")
+        server.refresh_from_db()
+        assert (server.name == "Renamed") == (response.status_code == 200)
     elif action is Action.TENANT_READ:
         response = api.get("/api/v1/me/")
     elif action is Action.TOKEN_MANAGE:

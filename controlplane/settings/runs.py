@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sysconfig
 from typing import Any
 
 from controlplane.environment import env
@@ -139,6 +141,39 @@ SANDBOX_EGRESS_CA_FILE = env.string(
     "",
     help="CA bundle the egress proxy verifies upstream TLS against when it adds a "
     "credential itself; empty: the system's CAs.",
+)
+
+# MCP servers (runs/mcp): what one server may cost the host.
+MCP_MAX_RESPONSE_BYTES = env.integer(
+    "MCP_MAX_RESPONSE_BYTES",
+    4 * 1024 * 1024,
+    minimum=64 * 1024,
+    help="Largest response an MCP server may send (a bigger one is refused unread).",
+)
+MCP_MAX_TOOLS = env.integer(
+    "MCP_MAX_TOOLS", 500, minimum=1, help="Most tools one MCP server may list."
+)
+MCP_LIST_TIMEOUT_SECONDS = env.number(
+    "MCP_LIST_TIMEOUT_SECONDS",
+    20.0,
+    minimum=1.0,
+    help="Deadline of an MCP server's tool listing (registration, refresh).",
+)
+# What a stdio server sees of the host, read-only and on its PYTHONPATH: the
+# control plane's own Python packages (the `mcp` SDK among them) and the servers
+# shipped with it. Nothing else of the host, no secret, no network by default.
+MCP_STDIO_READONLY_PATHS = env.items(
+    "MCP_STDIO_READONLY_PATHS",
+    ",".join(
+        [
+            os.path.realpath(sysconfig.get_paths()["purelib"]),
+            str(BASE_DIR / "runs" / "mcp" / "servers"),
+        ]
+    ),
+    help="Host directories a sandboxed MCP stdio server may read (on PYTHONPATH).",
+)
+MCP_STDIO_MEMORY_MB = env.integer(
+    "MCP_STDIO_MEMORY_MB", 512, minimum=64, help="Memory cap of a stdio MCP server."
 )
 
 APPROVAL_DEFAULT_TTL_SECONDS = env.integer(

@@ -39,6 +39,14 @@ class ToolSource(StrEnum):
     UNTRUSTED = "untrusted"  # anything else: its self-description is not believed
 
 
+class ApprovalNeed(StrEnum):
+    """An admin's word on a tool's approval, over the tenant's rules and defaults."""
+
+    POLICY = "policy"  # the tenant's rules and the defaults decide
+    ALWAYS = "always"  # every call waits for a human (a deny rule still denies)
+    NEVER = "never"  # runs without asking (a deny rule still denies)
+
+
 class ContractError(ValueError):
     """A tool contract is malformed."""
 
@@ -190,6 +198,7 @@ class ToolContract:
     auth_scope: str | None = None
     source: ToolSource = ToolSource.UNTRUSTED
     version: str = "1"
+    approval: ApprovalNeed = ApprovalNeed.POLICY
 
     def __post_init__(self) -> None:
         if not TOOL_NAME_PATTERN.match(self.name):
@@ -249,6 +258,7 @@ class ToolContract:
             "auth_scope": self.auth_scope,
             "source": str(self.source),
             "version": self.version,
+            "approval": str(self.approval),
         }
 
     @classmethod
@@ -269,6 +279,9 @@ class ToolContract:
             auth_scope=data.get("auth_scope"),
             source=_coerce_enum(ToolSource, data.get("source"), ToolSource.UNTRUSTED),
             version=str(data.get("version", "1")),
+            approval=_coerce_enum(
+                ApprovalNeed, data.get("approval"), ApprovalNeed.POLICY
+            ),
         )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from runs.engine.contracts import ToolContract
+from runs.engine.contracts import ApprovalNeed, ToolContract
 
 
 class PolicyAction(StrEnum):
@@ -69,8 +69,13 @@ class PolicyHook(Protocol):
 def default_policy(
     contract: ToolContract, arguments: Mapping[str, Any], context: PolicyContext
 ) -> PolicyDecision:
-    """Allow read-only tools from a trusted source; everything else needs a human."""
-    if contract.is_read_only:
+    """Allow read-only tools from a trusted source; everything else needs a human
+    (a tool an admin set to `always` or `never` ask is asked about, or not)."""
+    if contract.approval is ApprovalNeed.NEVER:
+        return PolicyDecision(
+            PolicyAction.ALLOW, "tool.never_ask", "an admin set it to run unasked"
+        )
+    if contract.is_read_only and contract.approval is not ApprovalNeed.ALWAYS:
         return PolicyDecision(
             PolicyAction.ALLOW,
             "default.read_only",

@@ -344,7 +344,10 @@ class _Run:
             workspace=self.workspace,
             tmp_source=self.tmp_dir or Path("/nonexistent"),
             shm_source=self.shm_dir,
-            extra_ro_binds=[(str(init_path), launch.init_path_inside(init_path))],
+            extra_ro_binds=[
+                (str(init_path), launch.init_path_inside(init_path)),
+                *((path, path) for path in self.spec.readonly_paths),
+            ],
             extra_binds=extra,
         )
         return rest + command

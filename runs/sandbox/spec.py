@@ -211,6 +211,9 @@ class SandboxSpec:
     # beneath the workspace before anything runs, and an escape gives EPATH.
     paths: Sequence[str] = ()
     stdin_data: bytes | None = None
+    # Host directories bound read-only at the same path inside (an operator's
+    # choice, e.g. the Python packages an MCP stdio server imports).
+    readonly_paths: Sequence[str] = ()
 
 
 # The layers `required_layers` may name; see docs/sandbox.md.
@@ -329,6 +332,11 @@ def validate_spec(spec: SandboxSpec, settings: SandboxSettings) -> Path:
     for p in spec.paths:
         if not isinstance(p, str) or "\x00" in p:
             raise SandboxSpecError("paths must be strings without NUL")
+    for p in spec.readonly_paths:
+        if not isinstance(p, str) or "\x00" in p or not os.path.isabs(p):
+            raise SandboxSpecError("readonly_paths must be absolute paths")
+        if not os.path.isdir(p):
+            raise SandboxSpecError(f"readonly path {p} is not a directory")
     root = _real_dir(settings.workspace_root)
     workspace = _real_dir(spec.workspace)
     if workspace == root or not workspace.startswith(root.rstrip("/") + "/"):

@@ -26,7 +26,7 @@ from approvals.policy import (
     policy_rules_for,
     rule_matches,
 )
-from runs.engine.contracts import ToolContract
+from runs.engine.contracts import ApprovalNeed, ToolContract
 from runs.engine.policy import PolicyAction, PolicyContext, PolicyDecision
 from runs.models import Run
 
@@ -72,6 +72,8 @@ def tenant_policy(
             continue
         name = f"{RULE_PREFIX}{rule.id}"
         if rule.action == ApprovalPolicyRule.Action.ALLOW:
+            if contract.approval is ApprovalNeed.ALWAYS:
+                break  # an admin wants every call of it asked about
             return PolicyDecision(PolicyAction.ALLOW, name, f"allowed by {rule.name}")
         if rule.action == ApprovalPolicyRule.Action.DENY:
             return PolicyDecision(PolicyAction.DENY, name, f"denied by {rule.name}")
@@ -102,7 +104,13 @@ def tenant_policy(
 
 
 def _default_decision(contract: ToolContract, context: PolicyContext) -> PolicyDecision:
-    if contract.is_read_only:
+    if contract.approval is ApprovalNeed.NEVER:
+        return PolicyDecision(
+            PolicyAction.ALLOW,
+            "tool.never_ask",
+            f"an admin set {contract.name} to run without approval",
+        )
+    if contract.is_read_only and contract.approval is not ApprovalNeed.ALWAYS:
         return PolicyDecision(
             PolicyAction.ALLOW,
             "default.read_only",
@@ -123,10 +131,12 @@ def _default_decision(contract: ToolContract, context: PolicyContext) -> PolicyD
             "approve it",
         )
     claim = "" if contract.trusted else " (untrusted source: its claims are ignored)"
+    why = f"{contract.name} has effect {contract.effective_effect}{claim} and needs"
+    if contract.approval is ApprovalNeed.ALWAYS:
+        why = f"an admin set {contract.name} to need"
     return PolicyDecision(
         PolicyAction.REQUIRE_APPROVAL,
         "default.side_effect",
-        f"{contract.name} has effect {contract.effective_effect}{claim} and needs "
-        "approval",
+        f"{why} approval",
         ttl_seconds=settings.APPROVAL_DEFAULT_TTL_SECONDS,
     )

@@ -1,4 +1,5 @@
-"""Every built-in tool by name; an agent's registry holds the ones it names."""
+"""Every built-in tool by name, and an agent's tools from its refs: a built-in
+tool's name, or `mcp:<server_slug>/<tool_name>` for a tenant's MCP tool."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from runs.engine.tools import Tool, ToolRegistry
 from runs.tools.echo import ECHO_TOOL
+from runs.tools.mcp import MCP_REF_PREFIX, mcp_tools_for, unknown_mcp_refs
 from runs.tools.run_code import RUN_CODE_TOOL, run_code_tool
 from runs.tools.shop import SHOP_TOOLS
 
@@ -23,17 +25,35 @@ def _configured(name: str, settings: Mapping[str, Any] | None) -> Tool:
 
 
 def tool_registry_for(
-    names: Iterable[str],
+    refs: Iterable[str],
     *,
-    tenant_id: str = "",
+    tenant_id: Any = "",
     tool_settings: Mapping[str, Any] | None = None,
 ) -> ToolRegistry:
-    """The agent's tools; a name that is not registered is simply absent (ENOTOOL)."""
+    """The agent's tools; a ref that names nothing usable is simply absent
+    (ENOTOOL), as is an MCP tool that is disabled."""
+    refs = list(refs)
     settings = tool_settings or {}
-    return ToolRegistry(
-        [
-            _configured(name, settings.get(name))
-            for name in names
-            if name in BUILTIN_TOOLS
-        ]
-    )
+    tools = [
+        _configured(ref, settings.get(ref)) for ref in refs if ref in BUILTIN_TOOLS
+    ]
+    if tenant_id and any(ref.startswith(MCP_REF_PREFIX) for ref in refs):
+        taken = {tool.name for tool in tools}
+        for tool in mcp_tools_for(refs, tenant_id=tenant_id, tool_settings=settings):
+            # A model-visible name is the agent's once: a built-in tool keeps its.
+            if tool.name not in taken:
+                taken.add(tool.name)
+                tools.append(tool)
+    return ToolRegistry(tools)
+
+
+def unknown_tool_refs(refs: Iterable[str], *, tenant_id: Any) -> list[str]:
+    """The refs that name no built-in tool and no MCP tool of the tenant."""
+    refs = list(refs)
+    unknown_mcp = set(unknown_mcp_refs(refs, tenant_id=tenant_id))
+    return [
+        ref
+        for ref in refs
+        if ref in unknown_mcp
+        or (not ref.startswith(MCP_REF_PREFIX) and ref not in BUILTIN_TOOLS)
+    ]

@@ -1,0 +1,138 @@
+"""How the host reaches a registered server: the endpoint of an `McpServer` row.
+
+HTTP: the URL (a private or loopback host only when the server's `network` lists
+it as `private:HOST:PORT`, the egress allowlist's form), with the tenant secret
+named by `auth_secret` sent as its auth header; the value is read here, at
+connection time, and goes nowhere else. stdio: the
+command runs inside the sandbox for one session, with no network unless the
+server's `network` allows hosts through the egress proxy, a throwaway workspace,
+and the operator's read-only paths (MCP_STDIO_READONLY_PATHS, on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+
+from controlplane.secrets import secret_value
+from runs.mcp.client import McpEndpoint, PipedProcess, StdioFactory
+from runs.models import McpServer
+from runs.sandbox import (
+    HostPort,
+    Limits,
+    NetworkPolicy,
+    SandboxSettings,
+    SandboxSpec,
+    workspace_create,
+    workspace_release,
+)
+from runs.sandbox.piped import SandboxProcess, open_sandbox_process
+from runs.tools.run_code import sandbox_settings
+
+
+def label_of(server: McpServer) -> str:
+    return f"MCP server {server.slug!r}"
+
+
+class _SandboxedServer:
+    """One stdio session's sandbox: its workspace goes when the process does."""
+
+    def __init__(
+        self, process: SandboxProcess, workspace: Path, config: SandboxSettings
+    ):
+        self._process = process
+        self._workspace = workspace
+        self._config = config
+        self.stdin = process.stdin
+        self.stdout = process.stdout
+
+    def stop(self, grace_seconds: float = 2.0) -> str:
+        try:
+            result = self._process.stop(grace_seconds)
+        finally:
+            workspace_release(self._workspace, settings=self._config)
+        if result is None:
+            error = self._process.error
+            return f"the sandbox could not run it ({type(error).__name__}: {error})"
+        if result.termination_cause == "exit" and result.exit_code == 0:
+            return ""
+        ended = f"the command ended with {result.termination_cause}"
+        if result.exit_code is not None:
+            ended += f" (exit code {result.exit_code})"
+        if result.detail:
+            ended += f": {result.detail}"
+        return ended
+
+
+def _sandboxed(server: McpServer, wall_seconds: float) -> StdioFactory:
+    config = sandbox_settings()
+    readonly = [p for p in settings.MCP_STDIO_READONLY_PATHS if Path(p).is_dir()]
+    network = NetworkPolicy(tuple(HostPort.parse(item) for item in server.network))
+    argv = [str(arg) for arg in server.command]
+
+    def start() -> PipedProcess:
+        workspace = workspace_create(settings=config, label="mcp")
+        spec = SandboxSpec(
+            argv=argv,
+            workspace=workspace,
+            env={
+                "LANG": "C.UTF-8",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": ":".join(readonly),
+            },
+            limits=Limits(
+                wall_seconds=wall_seconds,
+                cpu_seconds=wall_seconds,
+                memory_mb=settings.MCP_STDIO_MEMORY_MB,
+                pids=64,
+                output_bytes=settings.SANDBOX_OUTPUT_BYTES,
+            ),
+            network=network,
+            readonly_paths=readonly,
+        )
+        try:
+            process = open_sandbox_process(spec, config)
+        except BaseException:
+            workspace_release(workspace, settings=config)
+            raise
+        return _SandboxedServer(process, workspace, config)
+
+    return start
+
+
+def mcp_endpoint_for(server: McpServer, *, timeout_seconds: float) -> McpEndpoint:
+    """The endpoint of `server` for one session of at most `timeout_seconds`."""
+    label = label_of(server)
+    cap, most = settings.MCP_MAX_RESPONSE_BYTES, settings.MCP_MAX_TOOLS
+    if server.transport == McpServer.Transport.STDIO:
+        # The wall clock kills the sandbox a little after the session's deadline.
+        return McpEndpoint(
+            label=label,
+            stdio=_sandboxed(server, timeout_seconds + 3),
+            max_response_bytes=cap,
+            max_tools=most,
+        )
+    return McpEndpoint(
+        label=label,
+        max_response_bytes=cap,
+        max_tools=most,
+        url=server.url,
+        headers=auth_headers(server),
+        # Only entries an admin marked `private:` let the URL name a private host.
+        allowed_private=tuple(
+            str(HostPort(target.host, target.port))
+            for target in map(HostPort.parse, server.network)
+            if target.private
+        ),
+    )
+
+
+def auth_headers(server: McpServer) -> dict[str, str]:
+    """The auth header of an HTTP server, from the tenant's secret (SecretMissing
+    names it when it is not set)."""
+    if not server.auth_secret:
+        return {}
+    value = secret_value(tenant_id=server.tenant_id, name=server.auth_secret)
+    return {server.auth_header: f"{server.auth_prefix}{value}"}

@@ -1,0 +1,286 @@
+"""Writes for MCP servers and their tools: register, refresh, accept a changed
+definition, set a tool's contract, delete. Every change is audited.
+
+Registration lists the server's tools before anything is written: a server that
+does not answer, answers garbage or lists too many tools is refused with the
+reason and nothing is created. A refresh that fails records the failure on the
+server and changes no tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.models import Tenant
+from controlplane.secrets import SecretMissing, secret_exists
+from controlplane.services import audit_record
+from runs.mcp.client import ListedTool, McpFailure, mcp_list_tools
+from runs.mcp.connection import mcp_endpoint_for
+from runs.mcp.pinning import ListingChanges, mcp_listing_apply, schema_problem
+from runs.models import McpServer, McpTool
+from runs.sandbox import HostPort, SandboxSpecError
+
+
+class McpInputError(ValueError):
+    """The request is malformed or the server unusable; a message per field.
+    Nothing was written."""
+
+    def __init__(self, fields: dict[str, list[str]]) -> None:
+        super().__init__("; ".join(f"{k}: {', '.join(v)}" for k, v in fields.items()))
+        self.fields = fields
+
+
+class McpConflict(ValueError):
+    """The tool is not in the state the request assumed (nothing was written)."""
+
+
+def mcp_server_view(server: McpServer) -> dict[str, Any]:
+    """What the audit log keeps of a server (the secret's name, never a value)."""
+    return {
+        "slug": server.slug,
+        "name": server.name,
+        "transport": server.transport,
+        "url": server.url,
+        "command": list(server.command),
+        "auth_secret": server.auth_secret,
+        "network": list(server.network),
+        "enabled": server.enabled,
+    }
+
+
+def mcp_tool_view(tool: McpTool) -> dict[str, Any]:
+    return {
+        "name": tool.name,
+        "status": tool.status,
+        "accepted_sha256": tool.accepted_sha256,
+        "definition_sha256": tool.definition_sha256,
+        "effect": tool.effect,
+        "idempotency": tool.idempotency,
+        "requires_approval": tool.requires_approval,
+        "timeout_seconds": tool.timeout_seconds,
+    }
+
+
+def _validate(tenant: Tenant, data: Mapping[str, Any]) -> dict[str, Any]:
+    """Cross-field and stored-state checks after the API's shape checks."""
+    errors: dict[str, list[str]] = {}
+    transport = data["transport"]
+    url, command = data.get("url") or "", list(data.get("command") or [])
+    if transport == McpServer.Transport.HTTP:
+        if not url:
+            errors["url"] = ["an http server needs its URL"]
+        if command:
+            errors["command"] = ["an http server takes no command"]
+    else:
+        if not command:
+            errors["command"] = ["a stdio server needs its command (a list of strings)"]
+        if url:
+            errors["url"] = ["a stdio server takes no URL"]
+        if data.get("auth_secret"):
+            errors["auth_secret"] = [
+                "a stdio server gets no secret (it runs in the sandbox, which never "
+                "holds one)"
+            ]
+    network: list[str] = []
+    for item in data.get("network") or []:
+        try:
+            network.append(str(HostPort.parse(item)))
+        except SandboxSpecError as exc:
+            errors.setdefault("network", []).append(str(exc))
+    secret = data.get("auth_secret") or ""
+    if secret and not secret_exists(tenant_id=tenant.id, name=secret):
+        errors["auth_secret"] = [f"secret {secret!r} is not set in this tenant"]
+    if McpServer.objects.filter(tenant=tenant, slug=data["slug"]).exists():
+        errors["slug"] = [f"an MCP server {data['slug']!r} already exists"]
+    if errors:
+        raise McpInputError(errors)
+    return {
+        "slug": data["slug"],
+        "name": data.get("name") or data["slug"],
+        "transport": transport,
+        "url": url,
+        "command": command,
+        "auth_secret": secret,
+        "network": network,
+    }
+
+
+def _listing(server: McpServer) -> list[ListedTool]:
+    """The server's tools, or McpInputError naming the field to look at."""
+    field = "url" if server.transport == McpServer.Transport.HTTP else "command"
+    try:
+        endpoint = mcp_endpoint_for(
+            server, timeout_seconds=settings.MCP_LIST_TIMEOUT_SECONDS
+        )
+        return mcp_list_tools(
+            endpoint, timeout_seconds=settings.MCP_LIST_TIMEOUT_SECONDS
+        )
+    except McpFailure as failure:
+        if failure.kind in ("too_many_tools", "too_large"):
+            field = "server"
+        raise McpInputError({field: [str(failure)]}) from None
+    except SecretMissing as missing:
+        raise McpInputError({"auth_secret": [str(missing)]}) from None
+
+
+def mcp_server_register(
+    *,
+    tenant: Tenant,
+    actor: User | None,
+    data: Mapping[str, Any],
+    remote_addr: str | None = None,
+) -> McpServer:
+    """Register a server and pin its tools as listed now (the admin sees them)."""
+    fields = _validate(tenant, data)
+    unsaved = McpServer(tenant=tenant, created_by=actor, **fields)
+    listing = _listing(unsaved)  # before anything is written
+    try:
+        with transaction.atomic():
+            unsaved.save()
+            changes = mcp_listing_apply(server=unsaved, listing=listing)
+            audit_record(
+                tenant=tenant, actor=actor, action="mcp_server.create",
+                object_type="mcp_server", object_id=str(unsaved.id),
+                after={**mcp_server_view(unsaved), "tools": changes.to_dict()},
+                remote_addr=remote_addr,
+            )  # fmt: skip
+    except IntegrityError:
+        raise McpInputError(
+            {"slug": [f"an MCP server {fields['slug']!r} already exists"]}
+        ) from None
+    unsaved.refresh_from_db()
+    return unsaved
+
+
+def mcp_server_refresh(
+    *, server: McpServer, actor: User | None, remote_addr: str | None = None
+) -> ListingChanges:
+    """List the tools again: changed definitions are disabled until accepted."""
+    try:
+        listing = _listing(server)
+    except McpInputError as invalid:
+        McpServer.objects.filter(id=server.id).update(
+            last_refresh_at=timezone.now(),
+            last_refresh_status="error",
+            last_refresh_error=invalid.args[0][:2000],
+        )
+        raise
+    with transaction.atomic():
+        changes = mcp_listing_apply(server=server, listing=listing)
+        audit_record(
+            tenant=server.tenant, actor=actor, action="mcp_server.refresh",
+            object_type="mcp_server", object_id=str(server.id),
+            after=changes.to_dict(), remote_addr=remote_addr,
+        )  # fmt: skip
+    return changes
+
+
+@transaction.atomic
+def mcp_tool_accept(
+    *,
+    tool: McpTool,
+    actor: User | None,
+    definition_sha256: str,
+    remote_addr: str | None = None,
+) -> McpTool:
+    """Accept the definition the server lists now, the one the admin reviewed
+    (`definition_sha256`); a definition that moved on since is a conflict."""
+    locked = McpTool.objects.select_for_update().get(id=tool.id)
+    if locked.status != McpTool.Status.CHANGED:
+        raise McpConflict(
+            f"{locked.name} is {locked.status}: there is nothing to accept"
+        )
+    if locked.definition_sha256 != definition_sha256:
+        raise McpConflict(
+            f"the definition of {locked.name} is now {locked.definition_sha256}, "
+            "not the one reviewed: look at it again"
+        )
+    problem = schema_problem(locked.input_schema)
+    if problem:
+        raise McpInputError({"definition_sha256": [f"{locked.name}: {problem}"]})
+    before = mcp_tool_view(locked)
+    locked.accepted_sha256 = locked.definition_sha256
+    locked.accepted_description = locked.description
+    locked.accepted_input_schema = locked.input_schema
+    locked.accepted_by = actor
+    locked.accepted_at = timezone.now()
+    locked.problem = ""
+    locked.status = McpTool.Status.ACTIVE
+    locked.save()
+    audit_record(
+        tenant=locked.server.tenant, actor=actor, action="mcp_tool.accept",
+        object_type="mcp_tool", object_id=str(locked.id),
+        before=before,
+        after={**mcp_tool_view(locked), "description": locked.description,
+               "input_schema": locked.input_schema},
+        remote_addr=remote_addr,
+    )  # fmt: skip
+    return locked
+
+
+@transaction.atomic
+def mcp_tool_configure(
+    *,
+    tool: McpTool,
+    actor: User | None,
+    data: Mapping[str, Any],
+    remote_addr: str | None = None,
+) -> McpTool:
+    """Set the tenant's side of a tool's contract (effect, idempotency, approval
+    need, timeout); fields not given stay."""
+    locked = McpTool.objects.select_for_update().get(id=tool.id)
+    before = mcp_tool_view(locked)
+    for name in ("effect", "idempotency", "requires_approval", "timeout_seconds"):
+        if name in data:
+            setattr(locked, name, data[name])
+    locked.save()
+    audit_record(
+        tenant=locked.server.tenant, actor=actor, action="mcp_tool.update",
+        object_type="mcp_tool", object_id=str(locked.id),
+        before=before, after=mcp_tool_view(locked), remote_addr=remote_addr,
+    )  # fmt: skip
+    return locked
+
+
+@transaction.atomic
+def mcp_server_update(
+    *,
+    server: McpServer,
+    actor: User | None,
+    data: Mapping[str, Any],
+    remote_addr: str | None = None,
+) -> McpServer:
+    """Rename, enable or disable a server (its connection is fixed at
+    registration: a new one is a new server, listed and pinned afresh)."""
+    before = mcp_server_view(server)
+    for name in ("name", "enabled"):
+        if name in data:
+            setattr(server, name, data[name])
+    server.save(update_fields=["name", "enabled"])
+    audit_record(
+        tenant=server.tenant, actor=actor, action="mcp_server.update",
+        object_type="mcp_server", object_id=str(server.id),
+        before=before, after=mcp_server_view(server), remote_addr=remote_addr,
+    )  # fmt: skip
+    return server
+
+
+@transaction.atomic
+def mcp_server_delete(
+    *, server: McpServer, actor: User | None, remote_addr: str | None = None
+) -> None:
+    """Delete a server and its tools; agents naming them get ENOTOOL."""
+    audit_record(
+        tenant=server.tenant, actor=actor, action="mcp_server.delete",
+        object_type="mcp_server", object_id=str(server.id),
+        before={**mcp_server_view(server),
+                "tools": [t.name for t in server.tools.all()]},
+        remote_addr=remote_addr,
+    )  # fmt: skip
+    server.delete()
