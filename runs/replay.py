@@ -9,11 +9,13 @@ world). Nothing is written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from approvals.models import ApprovalRequest
 from budgets.selectors import budget_of
 from runs.engine.adapters.scripted import ScriptedModel
+from runs.engine.enforcement import NO_RETRIES, REPEATED_ERROR_RULE
 from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.loop import ApprovalResolution, run_in_process
 from runs.engine.tools import Tool, ToolContext, ToolRegistry
@@ -47,7 +49,10 @@ def _recorded_tool(tool: Tool, results: dict[str, dict[str, Any]]) -> Tool:
             )
         return ToolResult.from_dict(recorded)
 
-    return Tool(tool.contract, answer, None, tool.timeout_seconds)
+    def as_recorded(arguments: Any, ctx: ToolContext) -> None:
+        return None  # the record already says whether the preconditions held
+
+    return Tool(tool.contract, answer, as_recorded, tool.timeout_seconds)
 
 
 def run_replay(*, run: Run) -> ReplayReport:
@@ -60,13 +65,25 @@ def run_replay(*, run: Run) -> ReplayReport:
     registry = ToolRegistry([_recorded_tool(t, results) for t in runtime.registry])
     model = ScriptedModel.from_recorded([step.reply for step in steps])
 
+    # A repeated tool error's questions to a person, answered as they were.
+    asked = iter(
+        ApprovalRequest.objects.filter(
+            run=run, kind=ApprovalRequest.Kind.TOOL_ERROR
+        ).order_by("requested_at")
+    )
+
     def approver(call: Any, tool: Any, decision: Any) -> ApprovalResolution:
+        if decision.rule == REPEATED_ERROR_RULE:
+            question = next(asked, None)
+            approved = question is not None and question.status == "approved"
+            return ApprovalResolution(approved=approved, reason="as recorded")
         row = calls.get(call.call_id)
         denied = row is None or row.status == ToolCall.Status.DENIED
         return ApprovalResolution(approved=not denied, reason="as recorded")
 
     result = run_in_process(
-        runtime.config,
+        # The recorded results already include any automatic retries.
+        replace(runtime.config, retry=NO_RETRIES),
         model,
         registry,
         user_input=run.input,
