@@ -206,6 +206,28 @@ def test_a_bad_request_neither_counts_nor_falls_back(
     assert store.state("tenant-1:main:gpt-main").failures == 0
 
 
+def test_a_trial_answered_with_a_bad_request_closes_the_circuit(
+    primary_server: ChatCompletionsServer, fallback_server: MessagesServer
+) -> None:
+    store, clock = MemoryBreakerStore(), Clock()
+    for _ in range(3):
+        primary_server.error(500, "boom")
+        fallback_server.reply("backup")
+        breaker(primary_server, fallback_server, store, clock).complete(
+            MESSAGES, [], 64
+        )
+    clock.now += 31
+    primary_server.error(400, "context too long")
+    with pytest.raises(ModelError) as caught:
+        breaker(primary_server, fallback_server, store, clock).complete(
+            MESSAGES, [], 64
+        )
+    assert caught.value.kind == "bad_request"
+    assert caught.value.routing and caught.value.routing["circuit"] == "trial"
+    key = "tenant-1:main:gpt-main"
+    assert store.admit(key, now=clock.now, settings=BreakerSettings()) == "closed"
+
+
 def test_a_stream_dropped_by_the_primary_is_answered_whole_by_the_fallback(
     primary_server: ChatCompletionsServer, fallback_server: MessagesServer
 ) -> None:

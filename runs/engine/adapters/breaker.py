@@ -13,7 +13,8 @@ A call that fails on a closed circuit is answered by the fallback too, if there
 is one and time is left within the call's deadline; the failure still counts.
 
 Errors that say our request was wrong (`bad_request`) are not the provider's
-failure: they neither count nor fall back (the fallback would be sent the same).
+failure: they neither count nor fall back (the fallback would be sent the same);
+the provider answered, so they close the circuit like a success.
 
 The state lives in a `BreakerStore` shared by every worker (the host's is in
 Redis; `MemoryBreakerStore` serves one process and the tests). Times are wall
@@ -199,6 +200,9 @@ class CircuitBreakerModel:
             )
         except ModelError as exc:
             if exc.kind in NOT_PROVIDER_FAILURES:
+                if exc.status_code is not None:
+                    # The provider answered (it refused our request): it is up.
+                    self.store.success(primary.breaker_key)
                 exc.routing = {**routing, "fallback_used": False}
                 raise
             opened = self.store.failure(
