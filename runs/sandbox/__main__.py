@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workspace", type=Path, help="workspace dir (default: a fresh one)"
     )
-    p.add_argument("--network", default="none", help="none | HOST:PORT[,HOST:PORT...]")
+    p.add_argument("--network", default="none", help="none | [private:]HOST:PORT[,...]")
     p.add_argument("--path", action="append", default=[], help="path the command uses")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     return p
