@@ -66,7 +66,9 @@ def tenant_requires_deny_reason(tenant_id: Any) -> bool:
 def may_decide(request: ApprovalRequest, user: User) -> str | None:
     """Why `user` may not decide `request`, or None when they may."""
     role = (
-        Membership.objects.filter(tenant_id=request.tenant_id, user=user)
+        Membership.objects.filter(
+            tenant_id=request.tenant_id, user=user, deactivated_at__isnull=True
+        )
         .values_list("role", flat=True)
         .first()
     )
@@ -86,7 +88,11 @@ def approvers_still_allowed_problem(request: ApprovalRequest) -> str | None:
         if vote.user is None or not vote.user.is_active:
             return "an approver's account no longer exists or is inactive"
         role = (
-            Membership.objects.filter(tenant_id=request.tenant_id, user=vote.user)
+            Membership.objects.filter(
+                tenant_id=request.tenant_id,
+                user=vote.user,
+                deactivated_at__isnull=True,
+            )
             .values_list("role", flat=True)
             .first()
         )
@@ -184,6 +190,7 @@ def approval_covers_problem(
             user__is_active=True,
             user__memberships__tenant_id=request.tenant_id,
             user__memberships__role__in=allowed,
+            user__memberships__deactivated_at__isnull=True,
         )
         .values_list("user_id", flat=True)
         .distinct()

@@ -91,7 +91,10 @@ def eligible_approvers(
     """How many members may decide under these roles (viewers never may)."""
     allowed = [r for r in roles if r in APPROVER_ROLE_CHOICES]
     members = Membership.objects.filter(
-        tenant_id=tenant_id, role__in=allowed, user__is_active=True
+        tenant_id=tenant_id,
+        role__in=allowed,
+        user__is_active=True,
+        deactivated_at__isnull=True,
     )
     if exclude_user_id is not None:
         members = members.exclude(user_id=exclude_user_id)

@@ -87,7 +87,10 @@ def _budget_that_asks(run: RunRef) -> Budget | None:
         return None
     roles = [role for role in Role.values if role_may(role, Action.APPROVAL_DECIDE)]
     deciders = Membership.objects.filter(
-        tenant_id=run.tenant_id, role__in=roles, user__is_active=True
+        tenant_id=run.tenant_id,
+        role__in=roles,
+        user__is_active=True,
+        deactivated_at__isnull=True,
     )
     return budget if deciders.exists() else None  # unattended: stop
 

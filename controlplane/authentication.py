@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -34,12 +35,13 @@ from rest_framework.exceptions import AuthenticationFailed, Throttled
 from rest_framework.request import Request
 
 from controlplane import selectors, services
-from controlplane.models import ApiToken
+from controlplane.models import ApiToken, Membership
 from controlplane.permissions import Action, role_may
 from controlplane.tenancy import TenantContext
 
 KEYWORD = "bearer"
 _FAILURES = "auth-token-failures"
+_LINK_FAILURES = "auth-link-failures"
 _AUDITED = "auth-token-lockout-audited"
 
 
@@ -219,6 +221,41 @@ def tenant_context_current(
     return TenantContext(
         tenant=membership.tenant, user=user, role=membership.role, token=token
     )
+
+
+class MemberModelBackend(ModelBackend):
+    """Django's model backend, refusing an account whose every membership has
+    been deactivated (it belongs to no tenant it may log in to); an open
+    session of such an account ends at its next request."""
+
+    def user_can_authenticate(self, user: User | AnonymousUser | None) -> bool:
+        if not super().user_can_authenticate(user) or user is None or not user.pk:
+            return False
+        # One query on every session request: the deactivation time of each.
+        deactivated = Membership.objects.filter(user_id=user.pk).values_list(
+            "deactivated_at", flat=True
+        )
+        states = list(deactivated)
+        return not states or any(when is None for when in states)
+
+
+def password_link_lockout_seconds(*, remote_addr: str | None) -> int | None:
+    """While the address has tried too many unknown password links (as many as
+    AUTH_LOGIN_FAILURE_LIMIT failed logins), how long it waits; None: it may try."""
+    key = _key(_LINK_FAILURES, "address", remote_addr or "unknown")
+    if (cache.get(key) or 0) >= settings.AUTH_LOGIN_FAILURE_LIMIT:
+        return int(settings.AUTH_LOCKOUT_MINUTES * 60)
+    return None
+
+
+def password_link_failure_count(*, remote_addr: str | None) -> None:
+    key = _key(_LINK_FAILURES, "address", remote_addr or "unknown")
+    window = int(settings.AUTH_LOCKOUT_MINUTES * 60)
+    cache.add(key, 0, timeout=window)
+    try:
+        cache.incr(key)
+    except ValueError:  # the window ended between add() and incr()
+        cache.add(key, 1, timeout=window)
 
 
 def login_lockout_response(request: HttpRequest, *args: Any) -> HttpResponse:

@@ -38,6 +38,9 @@ class Membership(models.Model):
     )
     role = models.CharField(max_length=16, choices=Role.choices)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Set while an admin has deactivated the member: they keep their row (and
+    # their tokens, refused meanwhile) but belong to the tenant for nothing.
+    deactivated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -64,9 +67,49 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user} in {self.tenant})"
+
+
+class PasswordLink(models.Model):
+    """A one-time link that lets a member set their password (an invitation).
+
+    Only the SHA-256 of its token is stored; the token is shown once, to the
+    admin who made the link. It dies when used, when it expires, when a newer
+    link for the same member replaces it, or when the member is no longer an
+    active member of the tenant.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="password_links"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    token_sha256 = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"password link for {self.user} in {self.tenant}"
 
 
 class AuditEvent(models.Model):
@@ -173,6 +216,7 @@ __all__ = [
     "ApiToken",
     "AuditEvent",
     "Membership",
+    "PasswordLink",
     "Role",
     "Secret",
     "Tenant",

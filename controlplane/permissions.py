@@ -1,9 +1,10 @@
 """The permission gate: the matrix of which role may do what in its tenant, and
 the one question every door asks of it.
 
-admin: everything in the tenant; operator: start and cancel runs, decide approvals,
-send OTLP traces, and read; viewer: read. Every member manages their own API
-tokens and sees who they are in a tenant.
+admin: everything in the tenant (its members and everyone's API tokens too);
+operator: start and cancel runs, decide approvals, send OTLP traces, and read;
+viewer: read. Every member manages their own API tokens and sees who they are
+in a tenant.
 
 Each door declares the action it needs and asks here: a DRF view maps its HTTP
 methods to actions in `gate` (checked by `MayAct`, the default permission class),
@@ -55,6 +56,10 @@ class Action(StrEnum):
     # own API tokens.
     TENANT_READ = "tenant.read"
     TOKEN_MANAGE = "token.manage"
+    # Admins only: the tenant's members (invite, create, role, deactivate) and
+    # every member's API tokens (list, issue for them, revoke).
+    MEMBER_MANAGE = "member.manage"
+    TOKEN_MANAGE_ANY = "token.manage_any"
 
 
 _READ = frozenset(

@@ -32,13 +32,19 @@ def api_token_live(*, token_id: Any) -> ApiToken | None:
     )
 
 
+# A deactivated member belongs to the tenant for nothing: every question of
+# who may act where goes through these three, and they see active members only.
 def membership_for(*, user: User, tenant: Tenant) -> Membership | None:
-    return Membership.objects.filter(user=user, tenant=tenant).first()
+    return Membership.objects.filter(
+        user=user, tenant=tenant, deactivated_at__isnull=True
+    ).first()
 
 
 def membership_in(*, user: User, tenant_id: Any) -> Membership | None:
     return (
-        Membership.objects.filter(user=user, tenant_id=tenant_id)
+        Membership.objects.filter(
+            user=user, tenant_id=tenant_id, deactivated_at__isnull=True
+        )
         .select_related("tenant")
         .first()
     )
@@ -46,14 +52,27 @@ def membership_in(*, user: User, tenant_id: Any) -> Membership | None:
 
 def memberships_of(*, user: User) -> QuerySet[Membership]:
     return (
-        Membership.objects.filter(user=user)
+        Membership.objects.filter(user=user, deactivated_at__isnull=True)
         .select_related("tenant")
         .order_by("tenant__slug")
     )
 
 
 def api_tokens_for(*, tenant: Tenant, user: User) -> QuerySet[ApiToken]:
-    return ApiToken.objects.filter(tenant=tenant, user=user).order_by("-created_at")
+    return (
+        ApiToken.objects.filter(tenant=tenant, user=user)
+        .select_related("user", "revoked_by")
+        .order_by("-created_at")
+    )
+
+
+def api_tokens_of_tenant(*, tenant: Tenant) -> QuerySet[ApiToken]:
+    """Every member's tokens in the tenant, revoked ones too (admins see these)."""
+    return (
+        ApiToken.objects.filter(tenant=tenant)
+        .select_related("user", "revoked_by")
+        .order_by("-created_at")
+    )
 
 
 def audit_events_for(

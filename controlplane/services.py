@@ -76,7 +76,7 @@ def membership_remove(*, tenant: Tenant, user: User, actor: User | None) -> bool
     membership.delete()
     revoked = ApiToken.objects.filter(
         tenant=tenant, user=user, revoked_at__isnull=True
-    ).update(revoked_at=timezone.now())
+    ).update(revoked_at=timezone.now(), revoked_by=actor)
     audit_record(
         tenant=tenant,
         actor=actor,
@@ -90,10 +90,22 @@ def membership_remove(*, tenant: Tenant, user: User, actor: User | None) -> bool
 
 
 @transaction.atomic
-def api_token_issue(*, tenant: Tenant, user: User, name: str = "") -> IssuedToken:
-    """Create a token; the secret is returned once and only its hash is stored."""
-    if not Membership.objects.filter(tenant=tenant, user=user).exists():
-        raise PermissionError(f"{user} is not a member of tenant {tenant.slug}")
+def api_token_issue(
+    *,
+    tenant: Tenant,
+    user: User,
+    name: str = "",
+    actor: User | None = None,
+    remote_addr: str | None = None,
+) -> IssuedToken:
+    """Create a token for `user` (by `actor`, default the user); the secret is
+    returned once and only its hash is stored."""
+    if not Membership.objects.filter(
+        tenant=tenant, user=user, deactivated_at__isnull=True
+    ).exists():
+        raise PermissionError(
+            f"{user} is not a member of {tenant.slug} (or is deactivated there)"
+        )
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         tenant=tenant,
@@ -104,19 +116,28 @@ def api_token_issue(*, tenant: Tenant, user: User, name: str = "") -> IssuedToke
     )
     audit_record(
         tenant=tenant,
-        actor=user,
+        actor=actor or user,
         action="api_token.issue",
         object_type="api_token",
         object_id=str(token.id),
-        after={"name": name, "prefix": token.prefix},
+        after={
+            "name": name,
+            "prefix": token.prefix,
+            "owner": user.get_username(),
+        },
+        remote_addr=remote_addr,
     )
     return IssuedToken(token=token, secret=secret)
 
 
 @transaction.atomic
-def api_token_revoke(*, token: ApiToken, actor: User) -> ApiToken:
+def api_token_revoke(
+    *, token: ApiToken, actor: User, remote_addr: str | None = None
+) -> ApiToken:
+    """Revoke at once (the next request with it is refused); a second revoke
+    changes nothing and is not audited again."""
     updated = ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
+        revoked_at=timezone.now(), revoked_by=actor
     )
     token.refresh_from_db()
     if updated:
@@ -126,6 +147,12 @@ def api_token_revoke(*, token: ApiToken, actor: User) -> ApiToken:
             action="api_token.revoke",
             object_type="api_token",
             object_id=str(token.id),
+            after={
+                "name": token.name,
+                "prefix": token.prefix,
+                "owner": token.user.get_username(),
+            },
+            remote_addr=remote_addr,
         )
     return token
 

@@ -4,7 +4,16 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from controlplane import api, audit_api, health, metrics, secrets_api, views
+from controlplane import (
+    accept_views,
+    api,
+    audit_api,
+    health,
+    members_api,
+    metrics,
+    secrets_api,
+    views,
+)
 from frontend import views as pages
 from runs import trace_api
 
@@ -30,6 +39,11 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tenant/switch/", views.tenant_switch, name="tenant-switch"),
+    path(
+        "accept/<str:token>/",
+        accept_views.password_link_accept,
+        name="password-link-accept",
+    ),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", api_docs, name="api-docs"),
@@ -39,6 +53,37 @@ urlpatterns = [
         "api/v1/tokens/<uuid:token_id>/revoke/",
         api.TokenRevokeApi.as_view(),
         name="api-token-revoke",
+    ),
+    path("api/v1/members/", members_api.MemberListApi.as_view(), name="api-members"),
+    path(
+        "api/v1/members/invite/",
+        members_api.MemberInviteApi.as_view(),
+        name="api-member-invite",
+    ),
+    path(
+        "api/v1/members/<int:member_id>/",
+        members_api.MemberDetailApi.as_view(),
+        name="api-member",
+    ),
+    path(
+        "api/v1/members/<int:member_id>/role/",
+        members_api.MemberRoleApi.as_view(),
+        name="api-member-role",
+    ),
+    path(
+        "api/v1/members/<int:member_id>/deactivate/",
+        members_api.MemberDeactivateApi.as_view(),
+        name="api-member-deactivate",
+    ),
+    path(
+        "api/v1/members/<int:member_id>/reactivate/",
+        members_api.MemberReactivateApi.as_view(),
+        name="api-member-reactivate",
+    ),
+    path(
+        "api/v1/members/<int:member_id>/password-link/",
+        members_api.MemberPasswordLinkApi.as_view(),
+        name="api-member-password-link",
     ),
     path("api/v1/audit/", audit_api.AuditListApi.as_view(), name="api-audit"),
     path("api/v1/secrets/", secrets_api.SecretListApi.as_view(), name="api-secrets"),

@@ -16,8 +16,10 @@ from controlplane.routing import websocket_urlpatterns
 
 # Doors outside any tenant, so outside the role matrix: probes, the metrics
 # scrape (its own METRICS_TOKEN or a staff session), signing in and out, the
-# API's schema and docs, and Django's admin site (staff only).
+# API's schema and docs, Django's admin site (staff only), and the accept page
+# of a one-time password link (its token is the credential; not signed in yet).
 OUTSIDE_THE_GATE = {
+    "password-link-accept",
     "healthz",
     "livez",
     "readyz",

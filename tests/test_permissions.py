@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
 from django.test import Client
 
 from approvals.models import ApprovalRequest
-from controlplane.models import Role
+from controlplane.models import ApiToken, Membership, Role
 from controlplane.permissions import MATRIX, Action, role_may
 from controlplane.secrets import secret_exists, secret_set
 from controlplane.services import api_token_issue, api_token_revoke
@@ -41,6 +42,8 @@ EXPECTED = {
     Action.MCP_WRITE:         (True,  False, False),
     Action.TENANT_READ:       (True,  True,  True),
     Action.TOKEN_MANAGE:      (True,  True,  True),
+    Action.MEMBER_MANAGE:     (True,  False, False),
+    Action.TOKEN_MANAGE_ANY:  (True,  False, False),
 }  # fmt: skip
 demo_agent = runs_fixtures.demo_agent
 shop = runs_fixtures.shop
@@ -193,6 +196,24 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
         issued = response.json().get("id")
         if issued is not None:
             response = api.post(f"/api/v1/tokens/{issued}/revoke/")
+    elif action is Action.MEMBER_MANAGE:
+        body = {"email": "newcomer@example.com", "role": "viewer"}
+        response = api.post("/api/v1/members/invite/", body, format="json")
+        joined = Membership.objects.filter(
+            tenant=tenant, user__email="newcomer@example.com"
+        ).exists()
+        assert joined == (response.status_code == 201)
+        assert (api.get("/api/v1/members/").status_code == 200) == joined
+    elif action is Action.TOKEN_MANAGE_ANY:
+        other = Membership.objects.create(
+            tenant=tenant,
+            user=User.objects.create_user(username="someone-else"),
+            role=Role.VIEWER,
+        )
+        body = {"name": "theirs", "member": other.id}
+        response = api.post("/api/v1/tokens/", body, format="json")
+        issued = ApiToken.objects.filter(user=other.user).exists()
+        assert issued == (response.status_code == 201)
     else:  # pragma: no cover - STREAM_READ has its own async test
         raise AssertionError(action)
     assert response.status_code in (200, 201, 204, 403), response.content

@@ -108,7 +108,8 @@ AUTH_PASSWORD_VALIDATORS = [
 # backend checks the password.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # ModelBackend, refusing accounts whose every membership is deactivated.
+    "controlplane.authentication.MemberModelBackend",
 ]
 AUTH_LOGIN_FAILURE_LIMIT = env.integer(
     "AUTH_LOGIN_FAILURE_LIMIT",
@@ -129,6 +130,18 @@ AUTH_LOCKOUT_MINUTES = env.number(
     15.0,
     minimum=0.1,
     help="How long failures are counted and a lockout lasts, in minutes.",
+)
+PASSWORD_LINK_HOURS = env.number(
+    "PASSWORD_LINK_HOURS",
+    72.0,
+    minimum=0.1,
+    help="How long a one-time password link (an invitation) stays valid, in hours.",
+)
+PASSWORD_LINK_EMAIL_FROM = env.string(
+    "PASSWORD_LINK_EMAIL_FROM",
+    "",
+    help="Sender address for emailing password links through Django's EMAIL_* "
+    "settings; empty: links are not emailed, the admin passes them on.",
 )
 AXES_FAILURE_LIMIT = AUTH_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(minutes=AUTH_LOCKOUT_MINUTES)
