@@ -676,7 +676,9 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
             timeout_seconds=ctx.runtime.config.tool_timeout_seconds,
             ledger=ctx.state.contract,
             retry=ctx.runtime.config.retry,
-            secret_reader=secret_reader_for(tenant_id=ctx.run.tenant_id),
+            secret_reader=secret_reader_for(
+                tenant_id=ctx.run.tenant_id, names=tool.contract.scope.secrets
+            ),
         )
         span.result(outcome.result, executed=outcome.executed)
     failpoint("after_tool_execute")

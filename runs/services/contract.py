@@ -26,6 +26,7 @@ from approvals.services import approval_request_open_question
 from budgets.quotas import tool_quota_take
 from controlplane.models import Membership
 from controlplane.permissions import Action, role_may
+from controlplane.secrets import SecretMissing, secret_value
 from runs.engine.enforcement import (
     REPEATED_ERROR_RULE,
     ContractLedger,
@@ -46,12 +47,24 @@ from runs.spans import run_root_end
 logger = logging.getLogger(__name__)
 
 
-def secret_reader_for(*, tenant_id: Any) -> SecretReader:
-    """The run's tenant's secrets by name, for the engine to hand each tool the
-    ones its auth_scope names. Raises LookupError naming a secret not set."""
+def secret_reader_for(*, tenant_id: Any, names: frozenset[str]) -> SecretReader:
+    """The run's tenant's secrets named in a tool's auth_scope (`names`), for the
+    engine to hand the tool through `ToolContext.secret`. Read here, in the step's
+    thread (a handler may run on a thread of its own, which must not open a
+    database connection); a secret that cannot be read raises SecretMissing (a
+    LookupError naming it, never a value) when the tool asks for it."""
+    values: dict[str, str] = {}
+    missing: dict[str, SecretMissing] = {}
+    for name in names:
+        try:
+            values[name] = secret_value(tenant_id=tenant_id, name=name)
+        except SecretMissing as exc:
+            missing[name] = exc
 
     def read(name: str) -> str:
-        raise LookupError(f"secret {name!r} is not set in this tenant")
+        if name in values:
+            return values[name]
+        raise missing.get(name) or SecretMissing(name)
 
     return read
 

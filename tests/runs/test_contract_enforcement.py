@@ -4,6 +4,7 @@ and a repeated non-retryable error ending the run or asking a person."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ from django.db import close_old_connections, connection
 from approvals.models import ApprovalRequest
 from budgets.models import ToolQuotaCounter
 from budgets.quotas import tool_quota_take, tool_quota_used
+from controlplane.secrets import secret_set
 from runs.engine.contracts import (
     Effect,
     Idempotency,
@@ -28,6 +30,7 @@ from runs.models import Run, ToolCall
 from runs.services import run_start
 from runs.services.decide import approval_decide, approvals_expire
 from runs.tools.registry import BUILTIN_TOOLS
+from tracing.models import RunEvent
 
 Handler = Callable[[dict[str, Any], ToolContext], Any]
 
@@ -82,6 +85,76 @@ def rows(run: Run) -> list[tuple[str, str, str | None]]:
         (row.tool_name, row.status, (row.result.get("error") or {}).get("code"))
         for row in ToolCall.objects.filter(run=run).order_by("step__index", "position")
     ]
+
+
+# --- auth_scope secrets ------------------------------------------------------------
+
+ALPHA, BETA = "alpha-value-7f3e9c1d", "beta-value-2b8a6e4f"
+
+
+def test_two_tools_two_secrets_each_tool_sees_only_its_own(
+    register, scripted_agent, drive_run, tenant, other_tenant, admin_user
+):
+    secret_set(tenant=tenant, name="ALPHA_KEY", value=ALPHA, actor=admin_user)
+    secret_set(tenant=tenant, name="BETA_KEY", value=BETA, actor=admin_user)
+    secret_set(tenant=other_tenant, name="GAMMA_KEY", value="gamma-x9", actor=None)
+    seen: dict[str, Any] = {}
+
+    def reading(own: str, other: str) -> Handler:
+        def handler(args: dict[str, Any], ctx: ToolContext) -> Any:
+            seen[own] = ctx.secret(own)
+            try:
+                ctx.secret(other)
+            except ToolFailure as refused:
+                assert refused.result.error is not None
+                seen[f"{own} asking for {other}"] = refused.result.error.code
+            return {"authenticated": True}
+
+        return handler
+
+    register("alpha", reading("ALPHA_KEY", "BETA_KEY"), auth_scope="secrets:ALPHA_KEY")
+    register("beta", reading("BETA_KEY", "ALPHA_KEY"), auth_scope="secrets:BETA_KEY")
+    register(
+        "greedy",
+        lambda args, ctx: {"stolen": ctx.secret("BETA_KEY")},
+        auth_scope="secrets:ALPHA_KEY",
+    )
+    register(  # another tenant's secret of that name is not this tenant's
+        "gamma",
+        lambda args, ctx: {"v": ctx.secret("GAMMA_KEY")},
+        auth_scope="secrets:GAMMA_KEY",
+    )
+    tools = ["alpha", "beta", "greedy", "gamma"]
+    agent = scripted_agent(script(tools), tools)
+    run = drive_run(start(agent, admin_user))
+    assert seen == {
+        "ALPHA_KEY": ALPHA,
+        "ALPHA_KEY asking for BETA_KEY": "EACCES",
+        "BETA_KEY": BETA,
+        "BETA_KEY asking for ALPHA_KEY": "EACCES",
+    }
+    assert rows(run) == [
+        ("alpha", "succeeded", None),
+        ("beta", "succeeded", None),
+        ("greedy", "failed", "EACCES"),
+        ("gamma", "failed", "EACCES"),
+    ]
+    messages = [
+        r.result["error"]["message"]
+        for r in ToolCall.objects.filter(run=run, status="failed").order_by("position")
+    ]
+    assert messages == [
+        "secret 'BETA_KEY' is outside this tool's auth_scope",
+        "secret 'GAMMA_KEY' is not set in this tenant",
+    ]
+    run.refresh_from_db()
+    recorded = json.dumps(
+        [run.engine_state, list(ToolCall.objects.filter(run=run).values())],
+        default=str,
+    )
+    recorded += json.dumps(list(RunEvent.objects.filter(run=run).values()), default=str)
+    for value in (ALPHA, BETA, "gamma-x9"):
+        assert value not in recorded
 
 
 # --- auth_scope permissions -------------------------------------------------------
