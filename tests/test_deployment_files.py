@@ -73,6 +73,12 @@ def test_the_postgresql_password_is_required_from_the_environment():
     assert re.search(r"controlplane:\$\{POSTGRES_PASSWORD:\?[^}]+\}@", url), url
 
 
+def test_the_secret_store_keys_are_required_from_the_environment():
+    for name in PYTHON_SERVICES:
+        keys = COMPOSE["services"][name]["environment"]["CONTROLPLANE_SECRET_KEYS"]
+        assert re.fullmatch(r"\$\{CONTROLPLANE_SECRET_KEYS:\?[^}]+\}", keys), keys
+
+
 def test_migrate_is_a_one_shot_that_every_app_service_waits_for():
     migrate = COMPOSE["services"]["migrate"]
     words = command_words("migrate")
