@@ -17,6 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from controlplane import selectors as tenancy_selectors
+from controlplane.models import Role
 from controlplane.permissions import Action, context_may, declares
 from controlplane.tenancy import SESSION_TENANT_KEY, TenantContext, tenant_context_for
 from runs import selectors as run_selectors
@@ -50,6 +51,8 @@ def _page(
         "can_cancel": context_may(context, Action.RUN_CANCEL),
         "can_edit_budget": context_may(context, Action.BUDGET_WRITE),
         "can_read_audit": context_may(context, Action.AUDIT_READ),
+        "can_manage_members": context_may(context, Action.MEMBER_MANAGE),
+        "can_manage_any_token": context_may(context, Action.TOKEN_MANAGE_ANY),
         **(extra or {}),
     }
     return render(request, template, values, status=status)
@@ -119,3 +122,16 @@ def secrets_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
     (the value input is write-only: nothing on the page ever shows a value)."""
     extra = {"can_write_secrets": context_may(context, Action.SECRET_WRITE)}
     return _page(request, "frontend/secrets.html", context, "secrets", extra)
+
+
+@page_gate(Action.MEMBER_MANAGE, "members")
+def members_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
+    """The tenant's members (admins): invite, create, roles, deactivation."""
+    extra = {"roles": Role.values}
+    return _page(request, "frontend/members.html", context, "members", extra)
+
+
+@page_gate(Action.TOKEN_MANAGE, "tokens")
+def tokens_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
+    """API tokens: a member's own; an admin's view takes in every member's."""
+    return _page(request, "frontend/tokens.html", context, "tokens")
