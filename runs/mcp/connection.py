@@ -11,6 +11,7 @@ and the operator's read-only paths (MCP_STDIO_READONLY_PATHS, on PYTHONPATH).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
@@ -102,8 +103,17 @@ def _sandboxed(server: McpServer, wall_seconds: float) -> StdioFactory:
     return start
 
 
-def mcp_endpoint_for(server: McpServer, *, timeout_seconds: float) -> McpEndpoint:
-    """The endpoint of `server` for one session of at most `timeout_seconds`."""
+def mcp_endpoint_for(
+    server: McpServer,
+    *,
+    timeout_seconds: float,
+    secret: Callable[[str], str] | None = None,
+) -> McpEndpoint:
+    """The endpoint of `server` for one session of at most `timeout_seconds`.
+
+    `secret` reads the auth secret (a call's context: its contract's auth_scope
+    names it); without, the tenant's store is read directly (an admin's
+    registration or refresh)."""
     label = label_of(server)
     cap, most = settings.MCP_MAX_RESPONSE_BYTES, settings.MCP_MAX_TOOLS
     if server.transport == McpServer.Transport.STDIO:
@@ -119,7 +129,7 @@ def mcp_endpoint_for(server: McpServer, *, timeout_seconds: float) -> McpEndpoin
         max_response_bytes=cap,
         max_tools=most,
         url=server.url,
-        headers=auth_headers(server),
+        headers=auth_headers(server, secret),
         # Only entries an admin marked `private:` let the URL name a private host.
         allowed_private=tuple(
             str(HostPort(target.host, target.port))
@@ -129,10 +139,15 @@ def mcp_endpoint_for(server: McpServer, *, timeout_seconds: float) -> McpEndpoin
     )
 
 
-def auth_headers(server: McpServer) -> dict[str, str]:
-    """The auth header of an HTTP server, from the tenant's secret (SecretMissing
+def auth_headers(
+    server: McpServer, secret: Callable[[str], str] | None = None
+) -> dict[str, str]:
+    """The auth header of an HTTP server, from the tenant's secret (a LookupError
     names it when it is not set)."""
     if not server.auth_secret:
         return {}
-    value = secret_value(tenant_id=server.tenant_id, name=server.auth_secret)
+    if secret is not None:
+        value = secret(server.auth_secret)
+    else:
+        value = secret_value(tenant_id=server.tenant_id, name=server.auth_secret)
     return {server.auth_header: f"{server.auth_prefix}{value}"}

@@ -131,12 +131,14 @@ def _default_decision(contract: ToolContract, context: PolicyContext) -> PolicyD
             "approve it",
         )
     claim = "" if contract.trusted else " (untrusted source: its claims are ignored)"
-    why = f"{contract.name} has effect {contract.effective_effect}{claim} and needs"
+    why = f"{contract.name} has effect {contract.effective_effect}{claim}"
     if contract.approval is ApprovalNeed.ALWAYS:
-        why = f"an admin set {contract.name} to need"
+        why += "; it is set to always need approval"
+    else:
+        why += " and needs approval"
     return PolicyDecision(
         PolicyAction.REQUIRE_APPROVAL,
         "default.side_effect",
-        f"{why} approval",
+        why,
         ttl_seconds=settings.APPROVAL_DEFAULT_TTL_SECONDS,
     )

@@ -30,7 +30,7 @@ from runs.engine.contracts import (
 from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
 from runs.engine.tools import Tool, ToolContext
 from runs.mcp.client import McpFailure, clip, mcp_call_tool, mcp_model_name
-from runs.mcp.connection import label_of, mcp_endpoint_for
+from runs.mcp.connection import mcp_endpoint_for
 from runs.mcp.pinning import mcp_listing_apply
 from runs.models import McpServer, McpTool
 
@@ -113,7 +113,11 @@ def mcp_contract(row: McpTool, *, approval: str = "") -> ToolContract:
         idempotency=Idempotency(row.idempotency),
         # The tenant vouched for the effect; the server's own claims never count.
         source=ToolSource.TRUSTED if declared else ToolSource.UNTRUSTED,
-        auth_scope=f"mcp:{row.server.slug}",
+        # The server's auth secret is the one secret its calls may read.
+        auth_scope=" ".join(
+            [f"secrets:{row.server.auth_secret}"] if row.server.auth_secret else []
+        )
+        or None,
         version=row.accepted_sha256[:16],
         approval=need,
     )
@@ -126,7 +130,9 @@ def mcp_tool(row: McpTool, *, settings: Mapping[str, Any]) -> Tool:
     contract = mcp_contract(row, approval=approval)
 
     def handler(arguments: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        return _call(server_id, tool_id, name, pinned, timeout, arguments, contract)
+        return _call(
+            server_id, tool_id, name, pinned, timeout, arguments, contract, ctx
+        )
 
     # Inline (it reads the database): the session's own deadline ends the call,
     # its SDK loop on a thread of its own that is waited for at most that long.
@@ -141,6 +147,7 @@ def _call(
     timeout: float,
     arguments: dict[str, Any],
     contract: ToolContract,
+    ctx: ToolContext,
 ) -> ToolResult:
     server = McpServer.objects.filter(id=server_id).first()
     row = McpTool.objects.filter(id=tool_id).first()
@@ -153,7 +160,9 @@ def _call(
             "accepted again by an admin",
         )
     try:
-        endpoint = mcp_endpoint_for(server, timeout_seconds=timeout)
+        # The auth secret comes through the context, as the contract's
+        # auth_scope allows (EACCES otherwise, naming the secret, never a value).
+        endpoint = mcp_endpoint_for(server, timeout_seconds=timeout, secret=ctx.secret)
         result = mcp_call_tool(
             endpoint, name, arguments, timeout_seconds=timeout, pinned_sha256=pinned
         )
@@ -162,10 +171,6 @@ def _call(
             # The server changed under us: pin what it lists now, disabling the tool.
             mcp_listing_apply(server=server, listing=failure.listing)
         raise _failure_result(failure, contract) from None
-    except LookupError as missing:  # SecretMissing: the message names the secret
-        raise ToolFailure(
-            ErrorCode.EACCES, f"{label_of(server)}: {missing}", retryable=False
-        ) from None
     return _result(result.is_error, result.text, result.content, result.structured)
 
 

@@ -9,6 +9,8 @@ the `mcp` package. Flags change what it lists, as a server upgrade would:
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import time
 
 from mcp.server.mcpserver import MCPServer
@@ -49,6 +51,20 @@ def build(variant: int, extra_tools: int, test_tools: bool) -> MCPServer:
         @server.tool(description="Return a text of n bytes.")
         def big_output(n: int) -> str:
             return "x" * n
+
+        @server.tool(description="Where this server runs: uid, host, environment.")
+        def sandbox_facts() -> dict[str, object]:
+            try:
+                socket.create_connection(("1.1.1.1", 53), timeout=2).close()
+                network = "reachable"
+            except OSError:
+                network = "unreachable"
+            return {
+                "uid": os.getuid(),
+                "hostname": socket.gethostname(),
+                "environment": sorted(os.environ),
+                "network": network,
+            }
 
         @server.tool(description="Sleep for some seconds, then answer.")
         def slow(seconds: float) -> str:
