@@ -194,6 +194,8 @@ class CircuitBreakerModel:
                 messages, tools, max_output_tokens, on_delta, routing, started,
                 reason="circuit_open", error=None,
             )  # fmt: skip
+        if self.deadline_seconds is not None:
+            _cap_deadline(primary.adapter, self.deadline_seconds)
         try:
             reply = primary.adapter.complete(
                 messages, tools, max_output_tokens, on_delta=on_delta
@@ -250,9 +252,9 @@ class CircuitBreakerModel:
             answered_by={"endpoint": fallback.label, "model": fallback.model},
         )
         adapter = fallback.adapter
-        if left is not None and hasattr(adapter, "deadline_seconds"):
+        if left is not None:
             # What is left of this call's deadline, never more than its own.
-            adapter.deadline_seconds = min(float(adapter.deadline_seconds), left)
+            _cap_deadline(adapter, left)
         try:
             reply = adapter.complete(
                 messages, tools, max_output_tokens, on_delta=on_delta
@@ -285,6 +287,14 @@ class CircuitBreakerModel:
             attempts=0,
             routing=routing,
         )
+
+
+def _cap_deadline(adapter: ModelAdapter, seconds: float) -> None:
+    """An adapter's call deadline (read at each call) no later than `seconds`."""
+    if not hasattr(adapter, "deadline_seconds"):
+        return
+    current = adapter.deadline_seconds
+    adapter.deadline_seconds = seconds if current is None else min(current, seconds)
 
 
 def _with_routing(reply: ModelReply, routing: dict[str, Any]) -> ModelReply:
