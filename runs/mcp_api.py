@@ -18,6 +18,7 @@ from controlplane.api_input import remote_addr
 from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 from runs import selectors
+from runs.engine.contracts import ContractError, parse_quota
 from runs.mcp.client import mcp_model_name
 from runs.models import McpServer, McpTool
 from runs.services import mcp as services
@@ -43,6 +44,7 @@ class McpToolSerializer(serializers.Serializer[Any]):
     idempotency = serializers.CharField()
     requires_approval = serializers.BooleanField()
     timeout_seconds = serializers.IntegerField()
+    quota = serializers.CharField(help_text="cost.quota, e.g. 5/run;100/day")
     last_seen_at = serializers.DateTimeField(allow_null=True)
 
     def get_ref(self, tool: McpTool) -> str:
@@ -109,6 +111,20 @@ class McpToolUpdateSerializer(serializers.Serializer[Any]):
     timeout_seconds = serializers.IntegerField(
         min_value=1, max_value=300, required=False
     )
+    quota = serializers.CharField(
+        max_length=200,
+        allow_blank=True,
+        required=False,
+        help_text="calls per run or per tenant period: [bucket:]COUNT/PERIOD joined "
+        "by ';', PERIOD one of run, minute, hour, day, week (e.g. 5/run;100/day)",
+    )
+
+    def validate_quota(self, value: str) -> str:
+        try:
+            parse_quota(value, tool_name="tool")
+        except ContractError as invalid:
+            raise ValidationError(str(invalid)) from None
+        return value.strip()
 
 
 class McpToolAcceptSerializer(serializers.Serializer[Any]):

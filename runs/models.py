@@ -306,6 +306,8 @@ class McpTool(models.Model):
     )
     requires_approval = models.BooleanField(default=True)
     timeout_seconds = models.PositiveIntegerField(default=30)
+    # The contract's cost.quota, set by the tenant ("5/run;100/day"); empty: none.
+    quota = models.CharField(max_length=200, blank=True)
     first_seen_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
 

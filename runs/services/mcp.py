@@ -64,6 +64,7 @@ def mcp_tool_view(tool: McpTool) -> dict[str, Any]:
         "idempotency": tool.idempotency,
         "requires_approval": tool.requires_approval,
         "timeout_seconds": tool.timeout_seconds,
+        "quota": tool.quota,
     }
 
 
@@ -233,10 +234,11 @@ def mcp_tool_configure(
     remote_addr: str | None = None,
 ) -> McpTool:
     """Set the tenant's side of a tool's contract (effect, idempotency, approval
-    need, timeout); fields not given stay."""
+    need, timeout, quota); fields not given stay."""
     locked = McpTool.objects.select_for_update().get(id=tool.id)
     before = mcp_tool_view(locked)
-    for name in ("effect", "idempotency", "requires_approval", "timeout_seconds"):
+    fields = ("effect", "idempotency", "requires_approval", "timeout_seconds", "quota")
+    for name in fields:
         if name in data:
             setattr(locked, name, data[name])
     locked.save()

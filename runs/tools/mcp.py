@@ -22,10 +22,13 @@ from typing import Any
 
 from runs.engine.contracts import (
     ApprovalNeed,
+    ContractError,
     Effect,
     Idempotency,
     ToolContract,
+    ToolCost,
     ToolSource,
+    parse_quota,
 )
 from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
 from runs.engine.tools import Tool, ToolContext
@@ -118,9 +121,20 @@ def mcp_contract(row: McpTool, *, approval: str = "") -> ToolContract:
             [f"secrets:{row.server.auth_secret}"] if row.server.auth_secret else []
         )
         or None,
+        cost=ToolCost(quota=_quota(row.quota)),
         version=row.accepted_sha256[:16],
         approval=need,
     )
+
+
+def _quota(declared: str) -> str | None:
+    """The tenant's quota; one stored that no longer parses refuses every call
+    (fail-safe) rather than lifting the limit."""
+    try:
+        parse_quota(declared, tool_name="mcp")
+    except ContractError:
+        return "0/run"
+    return declared or None
 
 
 def mcp_tool(row: McpTool, *, settings: Mapping[str, Any]) -> Tool:

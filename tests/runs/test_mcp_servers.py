@@ -166,6 +166,27 @@ def test_the_tenant_sets_a_tools_contract(admin_api, warranty, tenant):
     assert AuditEvent.objects.filter(action="mcp_tool.update").count() == 1
 
 
+def test_the_tenant_sets_an_mcp_tools_quota_which_its_contract_enforces(
+    admin_api, warranty, tenant
+):
+    server_id = register(admin_api, warranty).json()["id"]
+    path = f"/api/v1/mcp-servers/{server_id}/tools/warranty_lookup/"
+    response = admin_api.patch(path, {"quota": "2/run;100/day"}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["quota"] == "2/run;100/day"
+    tool = tool_registry_for(["mcp:warranty/warranty_lookup"], tenant_id=tenant.id).get(
+        "warranty_warranty_lookup"
+    )
+    assert tool is not None
+    assert [(q.limit, q.period) for q in tool.contract.quotas] == [
+        (2, "run"),
+        (100, "day"),
+    ]
+    bad = admin_api.patch(path, {"quota": "lots/fortnight"}, format="json")
+    assert "quota" in fields_of(bad)
+    assert McpTool.objects.get(name="warranty_lookup").quota == "2/run;100/day"
+
+
 def test_viewers_read_servers_and_only_admins_change_them(
     tenant, warranty, admin_api, viewer_user, operator_user, api_client_for
 ):
