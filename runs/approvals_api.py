@@ -35,12 +35,13 @@ from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 from runs.engine.contracts import ToolContract
 from runs.services.decide import approval_decide
-from runs.tools.registry import BUILTIN_TOOLS
+from runs.tools.registry import tool_contracts_for
 
 
-def _known_tools() -> dict[str, ToolContract]:
-    """The contracts a rule's conditions are checked against."""
-    return {name: tool.contract for name, tool in BUILTIN_TOOLS.items()}
+def _known_tools(request: Request) -> dict[str, ToolContract]:
+    """The contracts a rule's conditions are checked against: the built-in tools'
+    and the tenant's MCP tools'."""
+    return tool_contracts_for(tenant_id=tenant_of(request).tenant.id)
 
 
 class ApprovalDecideApi(APIView):
@@ -132,7 +133,7 @@ class ApprovalRuleListApi(APIView):
                 tenant=context.tenant,
                 actor=context.user,
                 data=request.data,
-                known_tools=_known_tools(),
+                known_tools=_known_tools(request),
                 remote_addr=remote_addr(request),
             )
         except rules.RuleInputError as invalid:
@@ -166,7 +167,7 @@ class ApprovalRuleDetailApi(APIView):
                 rule=rule,
                 actor=context.user,
                 data=request.data,
-                known_tools=_known_tools(),
+                known_tools=_known_tools(request),
                 remote_addr=remote_addr(request),
             )
         except rules.RuleInputError as invalid:

@@ -41,7 +41,7 @@ from runs.services.contract import run_end_repeated_error
 from runs.services.lifecycle import run_resume
 from runs.services.policy import tenant_policy
 from runs.services.tool_call_edit import tool_call_args_replace
-from runs.tools.registry import BUILTIN_TOOLS
+from runs.tools.registry import tool_contracts_for
 from tracing.services import run_event_append
 
 
@@ -132,10 +132,10 @@ def _args_edit(request: ApprovalRequest, args: dict[str, Any]) -> ArgsEdit | Non
 def _validated_edit(request: ApprovalRequest, args: Any) -> tuple[dict[str, Any], str]:
     if not isinstance(args, dict):
         raise ApprovalInputError("args", "args must be a JSON object")
-    tool = BUILTIN_TOOLS.get(request.tool_name)
-    if tool is None:
+    contract = tool_contracts_for(tenant_id=request.tenant_id).get(request.tool_name)
+    if contract is None:
         raise ApprovalInputError("args", f"{request.tool_name} has no known schema")
-    errors = validate_arguments(tool.contract.input_schema, args)
+    errors = validate_arguments(contract.input_schema, args)
     if errors:
         raise ApprovalInputError("args", "; ".join(errors))
     assert request.tool_call is not None  # budget extensions refuse args earlier
@@ -148,7 +148,7 @@ def _validated_edit(request: ApprovalRequest, args: Any) -> tuple[dict[str, Any]
 def _policy_for_edit(request: ApprovalRequest, args: dict[str, Any]) -> dict[str, Any]:
     """Ask the policy about the edited arguments: an edit may not escape a stricter
     rule. A deny refuses the edit; a rule needing more approvers raises the bar."""
-    contract = BUILTIN_TOOLS[request.tool_name].contract
+    contract = tool_contracts_for(tenant_id=request.tenant_id)[request.tool_name]
     context = PolicyContext(
         run_id=str(request.run_id), tenant_id=str(request.tenant_id)
     )

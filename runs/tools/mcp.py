@@ -101,6 +101,18 @@ def mcp_tools_for(
     return tools
 
 
+def mcp_contracts_of(*, tenant_id: Any) -> dict[str, ToolContract]:
+    """The contracts of the tenant's usable MCP tools by the name the model sees
+    (approval rules and an approver's edit check against them)."""
+    rows = McpTool.objects.filter(
+        server__tenant_id=tenant_id,
+        server__enabled=True,
+        status=McpTool.Status.ACTIVE,
+    ).select_related("server")
+    contracts = (mcp_contract(row) for row in rows)
+    return {contract.name: contract for contract in contracts}
+
+
 def mcp_contract(row: McpTool, *, approval: str = "") -> ToolContract:
     """The eight-field contract of a pinned tool, from the tenant's settings."""
     declared = bool(row.effect)

@@ -6,9 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from runs.engine.contracts import ToolContract
 from runs.engine.tools import Tool, ToolRegistry
 from runs.tools.echo import ECHO_TOOL
-from runs.tools.mcp import MCP_REF_PREFIX, mcp_tools_for, unknown_mcp_refs
+from runs.tools.mcp import (
+    MCP_REF_PREFIX,
+    mcp_contracts_of,
+    mcp_tools_for,
+    unknown_mcp_refs,
+)
 from runs.tools.run_code import RUN_CODE_TOOL, run_code_tool
 from runs.tools.shop import SHOP_TOOLS
 
@@ -57,3 +63,12 @@ def unknown_tool_refs(refs: Iterable[str], *, tenant_id: Any) -> list[str]:
         if ref in unknown_mcp
         or (not ref.startswith(MCP_REF_PREFIX) and ref not in BUILTIN_TOOLS)
     ]
+
+
+def tool_contracts_for(*, tenant_id: Any) -> dict[str, ToolContract]:
+    """Every contract a tenant's tool calls may have, by model-visible name: the
+    built-in tools' and the tenant's usable MCP tools' (a built-in name wins)."""
+    return {
+        **mcp_contracts_of(tenant_id=tenant_id),
+        **{name: tool.contract for name, tool in BUILTIN_TOOLS.items()},
+    }

@@ -13,11 +13,13 @@ from django.test import override_settings
 from mcp.server.mcpserver import MCPServer
 
 from approvals.models import ApprovalRequest
+from controlplane.secrets import secret_set
 from runs.models import McpTool, Run, ToolCall
 from runs.services import run_start
-from runs.services.decide import approval_decide
+from runs.services.decide import ApprovalInputError, approval_decide
 from runs.services.mcp import mcp_server_register, mcp_tool_configure
 from tests.runs.mcp_servers import HttpMcpServer, build, redefine
+from tests.secrets_probe import SecretProbe, captured_logs
 
 
 class Claims:
@@ -43,6 +45,11 @@ def claims() -> Iterator[tuple[Claims, HttpMcpServer]]:
     http = HttpMcpServer(world.server)
     yield world, http
     http.stop()
+
+
+@pytest.fixture
+def admin_api_for_tenant(tenant: Any, admin_user: Any, api_client_for: Any) -> Any:
+    return api_client_for(admin_user, tenant)
 
 
 @pytest.fixture
@@ -256,3 +263,62 @@ def test_an_mcp_server_of_another_tenant_is_not_reachable_by_ref(
 def test_the_pinned_server_object_is_a_real_sdk_server(claims):
     world, _http = claims
     assert isinstance(world.server, MCPServer)
+
+
+def test_an_authenticated_server_gets_the_secret_and_nothing_else_does(
+    tenant, admin_user, admin_api_for_tenant, scripted_agent, drive_run
+):
+    token = "mcp-bearer-7d41c09e5a"
+    secret_set(tenant=tenant, name="WARRANTY_TOKEN", value=token, actor=admin_user)
+    http = HttpMcpServer(build(0, 0, False), bearer=token)
+    probe = SecretProbe(token)
+    try:
+        with captured_logs() as logs:
+            registered = admin_api_for_tenant.post(
+                "/api/v1/mcp-servers/",
+                {"slug": "warranty", "transport": "http", "url": http.url,
+                 "network": http.network, "auth_secret": "WARRANTY_TOKEN"},
+                format="json",
+            )  # fmt: skip
+            assert registered.status_code == 201, registered.content
+            configure("warranty_lookup", effect="read_only", requires_approval=False)
+            script = one_call("warranty_warranty_lookup", {"order_id": "4821"})
+            run = drive_run(
+                start(tenant, scripted_agent, ["mcp:warranty/warranty_lookup"], script)
+            )
+            listed = admin_api_for_tenant.get("/api/v1/mcp-servers/")
+            shown = admin_api_for_tenant.get(f"/api/v1/runs/{run.id}/")
+    finally:
+        http.stop()
+    call = ToolCall.objects.get(run=run)
+    assert call.status == "succeeded", call.result
+    calls = [h for h in http.seen_headers if h.get("authorization")]
+    assert calls and all(h["authorization"] == f"Bearer {token}" for h in calls)
+    probe.response("POST /api/v1/mcp-servers/", registered)
+    probe.response("GET /api/v1/mcp-servers/", listed)
+    probe.response("GET /api/v1/runs/<id>/", shown)
+    probe.logs(logs)
+    probe.database()
+    probe.assert_clean()
+
+
+def test_an_approver_edits_an_mcp_calls_arguments_against_its_pinned_schema(
+    tenant, admin_user, registered, claims, scripted_agent, drive_run
+):
+    world, _http = claims
+    args = {"order_id": "4821", "reason": "spout cracked"}
+    run = drive_run(
+        start(tenant, scripted_agent, ["mcp:warranty/warranty_claim"],
+              one_call("warranty_warranty_claim", args))
+    )  # fmt: skip
+    approval = ApprovalRequest.objects.get(run=run, status="pending")
+    with pytest.raises(ApprovalInputError, match="order_id"):
+        approval_decide(
+            request=approval, decided_by=admin_user, approve=True,
+            args={"order_id": 4821, "reason": "x"},
+        )  # fmt: skip
+    edited = {"order_id": "4821", "reason": "lid hinge broken"}
+    approval_decide(request=approval, decided_by=admin_user, approve=True, args=edited)
+    run = drive_run(run)
+    assert ToolCall.objects.get(run=run).status == "succeeded"
+    assert world.filed == [edited]
