@@ -322,3 +322,24 @@ def test_an_approver_edits_an_mcp_calls_arguments_against_its_pinned_schema(
     run = drive_run(run)
     assert ToolCall.objects.get(run=run).status == "succeeded"
     assert world.filed == [edited]
+
+
+def test_an_mcp_tools_quota_refuses_the_call_over_it_unexecuted(
+    tenant, registered, scripted_agent, drive_run
+):
+    configure(
+        "warranty_lookup", effect="read_only", requires_approval=False, quota="1/run"
+    )
+    lookup = {"name": "warranty_warranty_lookup", "arguments": {"order_id": "4821"}}
+    script = [
+        {"tool_calls": [{**lookup, "id": "c1"}, {**lookup, "id": "c2"}]},
+        {"text": "done"},
+    ]
+    run = drive_run(
+        start(tenant, scripted_agent, ["mcp:warranty/warranty_lookup"], script)
+    )
+    first, second = ToolCall.objects.filter(run=run).order_by("position")
+    assert first.status == "succeeded", first.result
+    assert (second.status, second.result["error"]["code"]) == ("refused", "EBUDGET")
+    assert second.attempts == 0 and second.started_at is None
+    assert run.status == Run.Status.UNVERIFIED
