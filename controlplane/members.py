@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import BaseUserManager, User
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
@@ -114,7 +114,7 @@ def member_invite(
     else:
         if User.objects.filter(username__iexact=email).exists():
             raise MemberInputError("email", "an account of that name exists already")
-        user = User.objects.create_user(username=email, email=email, password=None)
+        user = _account_create(username=email, email=email, field="email")
     added = _member_add(
         tenant=tenant,
         user=user,
@@ -143,7 +143,7 @@ def member_create(
     if User.objects.filter(username__iexact=username).exists():
         raise MemberInputError("username", "an account of that name exists already")
     email = BaseUserManager.normalize_email(email.strip()) if email else ""
-    user = User.objects.create_user(username=username, email=email, password=None)
+    user = _account_create(username=username, email=email, field="username")
     return _member_add(
         tenant=tenant,
         user=user,
@@ -154,6 +154,21 @@ def member_create(
         action="member.create",
         user_created=True,
     )
+
+
+def _account_create(*, username: str, email: str, field: str) -> User:
+    """A new account with no password yet. Another tenant's admin may create the
+    same name at the same moment (the tenant lock does not cover that): the
+    loser gets a 400, not a 500."""
+    try:
+        with transaction.atomic():
+            return User.objects.create_user(
+                username=username, email=email, password=None
+            )
+    except IntegrityError:
+        raise MemberInputError(
+            field, "an account of that name was created just now; try again"
+        ) from None
 
 
 def _member_add(
@@ -250,7 +265,7 @@ def member_role_set(
 
 @transaction.atomic
 def member_deactivate(
-    *, membership: Membership, actor: User, remote_addr: str | None = None
+    *, membership: Membership, actor: User | None, remote_addr: str | None = None
 ) -> Membership:
     """The member can no longer log in to, call or watch the tenant (their open
     streams close at the next check); their waiting password link dies."""

@@ -22,6 +22,7 @@ from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest
 from controlplane.asgi import application
+from controlplane.members import member_deactivate
 from controlplane.models import ApiToken, AuditEvent, Membership
 from controlplane.services import api_token_issue, api_token_revoke, membership_remove
 from runs.models import Run
@@ -151,10 +152,16 @@ def _remove_membership(token: ApiToken, user: Any) -> None:
     membership_remove(tenant=token.tenant, user=user, actor=None)
 
 
+def _deactivate_membership(token: ApiToken, user: Any) -> None:
+    membership = Membership.objects.get(tenant=token.tenant, user=user)
+    member_deactivate(membership=membership, actor=None)
+
+
 REVOCATIONS: dict[str, Callable[[ApiToken, Any], None]] = {
     "token-revoked": _revoke_token,
     "user-deactivated": _deactivate_user,
     "membership-removed": _remove_membership,
+    "membership-deactivated": _deactivate_membership,
 }
 
 
