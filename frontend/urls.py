@@ -9,6 +9,7 @@ urlpatterns = [
     path("budget/", views.budget_page, name="ui-budget"),
     path("audit/", views.audit_page, name="ui-audit"),
     path("secrets/", views.secrets_page, name="ui-secrets"),
+    path("mcp-servers/", views.mcp_page, name="ui-mcp"),
     path("members/", views.members_page, name="ui-members"),
     path("tokens/", views.tokens_page, name="ui-tokens"),
 ]

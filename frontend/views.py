@@ -124,6 +124,14 @@ def secrets_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
     return _page(request, "frontend/secrets.html", context, "secrets", extra)
 
 
+@page_gate(Action.AGENT_READ, "mcp")
+def mcp_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
+    """The tenant's MCP servers and their tools' pin status; admins refresh a
+    server and accept a changed definition."""
+    extra = {"can_write_mcp": context_may(context, Action.MCP_WRITE)}
+    return _page(request, "frontend/mcp_servers.html", context, "mcp", extra)
+
+
 @page_gate(Action.MEMBER_MANAGE, "members")
 def members_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
     """The tenant's members (admins): invite, create, roles, deactivation."""
