@@ -21,9 +21,22 @@ NEW_PASSWORD = "brass-kettle-lid-4821"
 
 
 def test_admin_invites_a_member_who_sets_a_password_and_logs_in(
-    tenant: Any, admin_user: Any, open_page: Any, chromium: Any, daphne: Any
+    tenant: Any,
+    other_tenant: Any,
+    admin_user: Any,
+    make_member: Any,
+    open_page: Any,
+    chromium: Any,
+    daphne: Any,
 ) -> None:
     page = open_page(admin_user, "/members/")
+    refused: list[str] = []
+    page.on(
+        "console",
+        lambda msg: (
+            refused.append(msg.text) if "Content Security Policy" in msg.text else None
+        ),
+    )
     row = page.locator('#members-body tr[data-member="alice-admin"]')
     expect(row).to_contain_text("active")
 
@@ -85,6 +98,18 @@ def test_admin_invites_a_member_who_sets_a_password_and_logs_in(
     expect(
         page.locator('#members-body tr[data-member="nina@example.com"] .member-status')
     ).to_have_text("active")
+
+    # An account that has a password joins without a link, and the page says so.
+    sam = make_member(other_tenant, "sam", "viewer")
+    sam.email = "sam@example.com"
+    sam.save(update_fields=["email"])
+    page.get_by_label("Email").first.fill("sam@example.com")
+    page.get_by_role("button", name="Invite").click()
+    expect(page.locator("#members-notice")).to_contain_text(
+        "sam joined as viewer; they log in with the password they have"
+    )
+    expect(page.locator("#link-box")).to_be_hidden()
+    assert refused == []
 
 
 def test_admin_revokes_a_members_token_and_the_page_says_who(

@@ -15,7 +15,14 @@ function problem(text) {
   box.textContent = text || "";
 }
 
+function notice(text) {
+  const box = document.getElementById("members-notice");
+  box.hidden = !text;
+  box.textContent = text || "";
+}
+
 function showLink(member, link) {
+  notice("");
   const box = document.getElementById("link-box");
   box.hidden = false;
   const until = when(link.expires_at);
@@ -111,7 +118,7 @@ function addForm(formId, prefix, path, fields) {
       if (added.password_link) showLink(added.member, added.password_link);
       else {
         document.getElementById("link-box").hidden = true;
-        problem("");
+        notice(`${added.member.username} joined as ${added.member.role}; they log in with the password they have.`);
       }
       await load();
     } catch (error) {
