@@ -13,6 +13,7 @@ from functools import wraps
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
@@ -67,8 +68,19 @@ def page_gate(action: Action, page: str) -> Callable[[PageBody], PageBody]:
         def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             context = _context(request)
             if context is None or not context_may(context, Action.PAGE_READ):
+                # The chosen tenant may have removed or deactivated them while
+                # others still count them in: offer those.
+                user = request.user
+                others = (
+                    tenancy_selectors.memberships_of(user=user)
+                    if isinstance(user, User)
+                    else []
+                )
                 return render(
-                    request, "frontend/no_tenant.html", {"page": page}, status=403
+                    request,
+                    "frontend/no_tenant.html",
+                    {"page": page, "other_memberships": others},
+                    status=403,
                 )
             if not context_may(context, action):
                 return _page(

@@ -272,6 +272,21 @@ def test_deactivation_in_one_tenant_leaves_the_others(
     assert me["tenant"] == "otherco"
     assert [t["slug"] for t in me["tenants"]] == ["otherco"]
 
+    # A session that had chosen the tenant is offered the tenants left.
+    chose = Client()
+    chose.force_login(operator_user)
+    session = chose.session
+    session["tenant"] = "kettlecraft"
+    session.save()
+    page = chose.get("/runs/")
+    assert page.status_code == 403
+    assert b"no longer an active member" in page.content
+    assert b"Other Co (viewer)" in page.content
+    assert chose.post("/tenant/switch/", {"tenant": "kettlecraft"}).status_code == 403
+    switched = chose.post("/tenant/switch/", {"tenant": "otherco", "next": "/runs/"})
+    assert switched.status_code == 302
+    assert chose.get("/runs/").status_code == 200
+
 
 def test_another_tenants_member_ids_are_404_and_nothing_changes(
     tenant, other_tenant, admin_user, make_member, api_client_for
