@@ -2,7 +2,7 @@
 
 A value is hidden when its key is listed in `TRACING_REDACT_KEYS` (the whole key
 or its last dotted component, case-insensitive), and a substring is hidden when
-it looks like a credential (`sk-…`, `cp_…`, AWS key ids, `Bearer …`, JWTs, PEM
+it looks like a credential (`sk-…`, `cp_…`, `pl_…`, AWS key ids, `Bearer …`, JWTs, PEM
 private keys, a URL's password, …) or follows a listed key in text
 (`"password": "…"`, `api_key=…`). Strings that hold JSON are decoded and
 redacted by key as well, so serialized tool arguments and a model's
@@ -45,6 +45,7 @@ _MAX_DEPTH = 100
 _CREDENTIAL_PATTERNS = [
     r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{16,}",  # OpenAI / Anthropic style keys
     r"\bcp_[A-Za-z0-9_\-]{16,}",  # our API tokens
+    r"\bpl_[A-Za-z0-9_\-]{16,}",  # our one-time password links (in URLs)
     r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key ids
     r"\bgh[pousr]_[A-Za-z0-9]{30,}",  # GitHub tokens
     r"\bxox[abpr]-[A-Za-z0-9\-]{10,}",  # Slack tokens

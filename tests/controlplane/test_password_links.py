@@ -3,6 +3,7 @@ in; a used, expired, replaced or unknown link gets a clear page, not a 500."""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from django.utils import timezone
 
 from controlplane.members import member_create, member_deactivate
 from controlplane.models import AuditEvent, Membership, PasswordLink, Role
+from controlplane.redaction import RedactingLogFilter
 
 NEW_PASSWORD = "kettle-4821-brass-lid"
 
@@ -92,6 +94,24 @@ def test_expired_unknown_and_deactivated_links_get_a_clear_page(
     membership.user.refresh_from_db()
     assert not membership.user.has_usable_password()
     assert Membership.objects.get(id=membership.id).deactivated_at is not None
+
+
+def test_a_links_token_is_redacted_from_log_lines(invited):
+    """Django logs the path of a 404 or 410 ("Gone: /accept/pl_…/"): the log
+    filter hides the token as it hides API tokens."""
+    _, token = invited
+    record = logging.LogRecord(
+        "django.request",
+        logging.WARNING,
+        __file__,
+        1,
+        "Gone: %s",
+        (f"/accept/{token}/",),
+        None,
+    )
+    RedactingLogFilter().filter(record)
+    assert token not in record.getMessage()
+    assert "[REDACTED]" in record.getMessage()
 
 
 def test_an_address_guessing_links_is_locked_out_for_a_while(invited, settings):
