@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
@@ -23,6 +24,7 @@ from runs.sandbox import (
     HostPort,
     Limits,
     NetworkPolicy,
+    SandboxResult,
     SandboxSettings,
     SandboxSpec,
     workspace_create,
@@ -40,11 +42,16 @@ class _SandboxedServer:
     """One stdio session's sandbox: its workspace goes when the process does."""
 
     def __init__(
-        self, process: SandboxProcess, workspace: Path, config: SandboxSettings
+        self,
+        process: SandboxProcess,
+        workspace: Path,
+        config: SandboxSettings,
+        results: list[SandboxResult],
     ):
         self._process = process
         self._workspace = workspace
         self._config = config
+        self._results = results
         self.stdin = process.stdin
         self.stdout = process.stdout
 
@@ -53,7 +60,9 @@ class _SandboxedServer:
             result = self._process.stop(grace_seconds)
         finally:
             workspace_release(self._workspace, settings=self._config)
-        if result is None:
+        if result is not None:
+            self._results.append(result)
+        else:
             error = self._process.error
             return f"the sandbox could not run it ({type(error).__name__}: {error})"
         if result.termination_cause == "exit" and result.exit_code == 0:
@@ -66,8 +75,39 @@ class _SandboxedServer:
         return ended
 
 
-def _sandboxed(server: McpServer, wall_seconds: float) -> StdioFactory:
+class SandboxedStdio:
+    """Starts the server's command in a new sandbox per session; keeps each
+    session's judged result (the enforcement map, the egress log) for the trace."""
+
+    def __init__(self, start: StdioFactory, results: list[SandboxResult]) -> None:
+        self._start = start
+        self.results = results
+
+    def __call__(self) -> PipedProcess:
+        return self._start()
+
+
+def sandbox_evidence(endpoint: McpEndpoint) -> tuple[dict[str, Any], ...]:
+    """`sandbox_result` refs of the sessions a stdio endpoint ran (the trace's
+    sandbox span: enforcement, limits, each egress connection), output left out."""
+    if not isinstance(endpoint.stdio, SandboxedStdio):
+        return ()
+    return tuple(
+        {
+            "kind": "sandbox_result",
+            "result": {
+                k: v
+                for k, v in result.to_dict().items()
+                if k not in ("stdout", "stderr")
+            },
+        }
+        for result in endpoint.stdio.results
+    )
+
+
+def _sandboxed(server: McpServer, wall_seconds: float) -> SandboxedStdio:
     config = sandbox_settings()
+    results: list[SandboxResult] = []
     readonly = [p for p in settings.MCP_STDIO_READONLY_PATHS if Path(p).is_dir()]
     network = NetworkPolicy(tuple(HostPort.parse(item) for item in server.network))
     argv = [str(arg) for arg in server.command]
@@ -98,9 +138,9 @@ def _sandboxed(server: McpServer, wall_seconds: float) -> StdioFactory:
         except BaseException:
             workspace_release(workspace, settings=config)
             raise
-        return _SandboxedServer(process, workspace, config)
+        return _SandboxedServer(process, workspace, config, results)
 
-    return start
+    return SandboxedStdio(start, results)
 
 
 def mcp_endpoint_for(

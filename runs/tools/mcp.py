@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from runs.engine.contracts import (
@@ -33,7 +34,7 @@ from runs.engine.contracts import (
 from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
 from runs.engine.tools import Tool, ToolContext
 from runs.mcp.client import McpFailure, clip, mcp_call_tool, mcp_model_name
-from runs.mcp.connection import mcp_endpoint_for
+from runs.mcp.connection import mcp_endpoint_for, sandbox_evidence
 from runs.mcp.pinning import mcp_listing_apply
 from runs.models import McpServer, McpTool
 
@@ -185,10 +186,10 @@ def _call(
             f"{contract.name} is disabled ({row.status}): its definition must be "
             "accepted again by an admin",
         )
+    # The auth secret comes through the context, as the contract's auth_scope
+    # allows (EACCES otherwise, naming the secret, never a value).
+    endpoint = mcp_endpoint_for(server, timeout_seconds=timeout, secret=ctx.secret)
     try:
-        # The auth secret comes through the context, as the contract's
-        # auth_scope allows (EACCES otherwise, naming the secret, never a value).
-        endpoint = mcp_endpoint_for(server, timeout_seconds=timeout, secret=ctx.secret)
         result = mcp_call_tool(
             endpoint, name, arguments, timeout_seconds=timeout, pinned_sha256=pinned
         )
@@ -196,8 +197,10 @@ def _call(
         if failure.listing is not None:
             # The server changed under us: pin what it lists now, disabling the tool.
             mcp_listing_apply(server=server, listing=failure.listing)
-        raise _failure_result(failure, contract) from None
-    return _result(result.is_error, result.text, result.content, result.structured)
+        refused = _failure_result(failure, contract).result
+        return replace(refused, refs=sandbox_evidence(endpoint))
+    outcome = _result(result.is_error, result.text, result.content, result.structured)
+    return replace(outcome, refs=sandbox_evidence(endpoint))
 
 
 def _failure_result(failure: McpFailure, contract: ToolContract) -> ToolFailure:

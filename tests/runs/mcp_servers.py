@@ -80,7 +80,7 @@ class HttpMcpServer:
 
 
 class JunkHttpServer:
-    """Answers every POST with `body` (or never, with `hang`)."""
+    """Answers every POST (after `hang` seconds) and GET with `body`."""
 
     def __init__(self, body: bytes, content_type: str, *, hang: float = 0.0) -> None:
         class Handler(BaseHTTPRequestHandler):
@@ -88,6 +88,13 @@ class JunkHttpServer:
                 self.rfile.read(int(self.headers.get("content-length", 0)))
                 if hang:
                     time.sleep(hang)
+                self.send_response(200)
+                self.send_header("content-type", content_type)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
                 self.send_response(200)
                 self.send_header("content-type", content_type)
                 self.send_header("content-length", str(len(body)))

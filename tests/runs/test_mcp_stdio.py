@@ -13,6 +13,7 @@ from controlplane.models import AuditEvent
 from runs.models import McpServer, McpTool, Run, ToolCall
 from runs.services import run_start
 from runs.services.mcp import McpInputError, mcp_server_refresh, mcp_tool_configure
+from tests.runs.mcp_servers import JunkHttpServer
 
 SERVER = str(settings.BASE_DIR / "runs" / "mcp" / "servers" / "warranty.py")
 COMMAND = ["/usr/bin/python3", SERVER, "--test-tools"]
@@ -42,8 +43,8 @@ def test_a_stdio_server_runs_in_the_sandbox_and_is_called_from_a_run(
     response = register(admin_api, COMMAND)
     assert response.status_code == 201, response.content
     names = [tool["name"] for tool in response.json()["tools"]]
-    assert names == ["big_output", "sandbox_facts", "slow", "warranty_claim",
-                     "warranty_lookup"]  # fmt: skip
+    assert names == ["big_output", "fetch", "sandbox_facts", "slow",
+                     "warranty_claim", "warranty_lookup"]  # fmt: skip
     for name in ("sandbox_facts", "warranty_lookup"):
         mcp_tool_configure(
             tool=McpTool.objects.get(name=name), actor=None,
@@ -114,3 +115,43 @@ def test_a_refresh_of_a_stdio_server_that_broke_changes_no_tool(admin_api):
         mcp_server_refresh(server=McpServer.objects.get(id=server_id), actor=None)
     assert set(McpTool.objects.values_list("status", flat=True)) == {"active"}
     assert McpServer.objects.get(id=server_id).last_refresh_status == "error"
+
+
+def test_a_stdio_server_reaches_only_the_hosts_its_network_lists(
+    admin_api, tenant, scripted_agent, drive_run
+):
+    allowed = JunkHttpServer(b"warranty database says hello", "text/plain")
+    other = JunkHttpServer(b"should never be read", "text/plain")
+    try:
+        body = {
+            "slug": "warranty",
+            "transport": "stdio",
+            "command": COMMAND,
+            "network": allowed.network,
+        }
+        response = admin_api.post("/api/v1/mcp-servers/", body, format="json")
+        assert response.status_code == 201, response.content
+        mcp_tool_configure(
+            tool=McpTool.objects.get(name="fetch"), actor=None,
+            data={"effect": "read_only", "requires_approval": False},
+        )  # fmt: skip
+        calls = [
+            {"id": "c1", "name": "warranty_fetch", "arguments": {"url": allowed.url}},
+            {"id": "c2", "name": "warranty_fetch", "arguments": {"url": other.url}},
+        ]
+        scripted_agent(
+            [{"tool_calls": calls}, {"text": "done"}], ["mcp:warranty/fetch"]
+        )
+        run = drive_run(
+            run_start(tenant=tenant, agent_slug="scripted", input="x", started_by=None)
+        )
+    finally:
+        allowed.stop()
+        other.stop()
+    reached, refused = ToolCall.objects.filter(run=run).order_by("position")
+    assert reached.result["data"]["text"] == "warranty database says hello"
+    assert refused.result["data"]["text"].startswith("refused")
+    log = reached.sandbox_result["network_log"]
+    assert any(e.get("decision") == "allow" for e in log), log
+    log = refused.sandbox_result["network_log"]
+    assert log and all(e.get("decision") != "allow" for e in log), log

@@ -12,6 +12,7 @@ import argparse
 import os
 import socket
 import time
+import urllib.request
 
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
@@ -65,6 +66,14 @@ def build(variant: int, extra_tools: int, test_tools: bool) -> MCPServer:
                 "environment": sorted(os.environ),
                 "network": network,
             }
+
+        @server.tool(description="GET a URL (through the sandbox's egress proxy).")
+        def fetch(url: str) -> str:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    return str(response.read(10_000).decode("utf-8", "replace"))
+            except OSError as exc:
+                return f"refused: {exc}"
 
         @server.tool(description="Sleep for some seconds, then answer.")
         def slow(seconds: float) -> str:
