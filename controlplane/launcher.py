@@ -1,5 +1,6 @@
 """The dev launcher behind `make run`: one command that starts and supervises
-Daphne, a Celery worker, Celery beat and (when REDIS_URL is empty) an embedded Redis.
+Daphne, a Celery worker, Celery beat, (when REDIS_URL is empty) an embedded Redis
+and any `extra` children the caller adds (the demo's local model server).
 
 Each child gets its own process group so that stopping kills the whole tree (the
 worker's pool processes included) and Ctrl-C in the terminal reaches only us.
@@ -17,7 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -53,6 +54,7 @@ class Launcher:
         redis_url: str,
         worker_concurrency: int,
         out: IO[str],
+        extra: Sequence[tuple[str, list[str]]] = (),
     ) -> None:
         self.base_dir = base_dir
         self.host = host
@@ -84,6 +86,7 @@ class Launcher:
                  "-s", str(base_dir / ".run" / "celerybeat-schedule")],
             ),
         ]  # fmt: skip
+        self.children += [Child(name, argv) for name, argv in extra]
 
     @property
     def published_redis(self) -> Path:

@@ -89,7 +89,43 @@ class ReplacementShippedEvaluator:
         return Evaluation(Verdict.PASSED, f"one replacement, delivery {date} stated")
 
 
-EVALUATORS = {"kettlecraft_replacement": ReplacementShippedEvaluator}
+@dataclass(frozen=True)
+class WarrantyAnsweredEvaluator:
+    """Kettlecraft's warranty desk (the demo's second agent): this run looked the
+    order's warranty up with the MCP tool and its answer gives the months left
+    that the tool returned (from the recorded observation, as above)."""
+
+    order_id: str = DEMO_ORDER_ID
+    tool_name: str = "warranty_warranty_lookup"  # mcp:warranty/warranty_lookup
+
+    def evaluate(self, subject: EvaluationSubject) -> Evaluation:
+        months: list[str] = []
+        for arguments, observation in recorded_calls(subject.messages, self.tool_name):
+            data = observation.get("data")
+            if str(arguments.get("order_id")) != self.order_id or not isinstance(
+                data, dict
+            ):
+                continue
+            structured = data.get("structured")
+            if observation.get("ok") and isinstance(structured, dict):
+                months.append(str(structured.get("months_left")))
+        if not months:
+            return Evaluation(
+                Verdict.FAILED,
+                f"the warranty of order {self.order_id} was not looked up",
+            )
+        stated = f"{months[-1]} more months"
+        if stated not in subject.final_text:
+            return Evaluation(
+                Verdict.FAILED, f"the answer does not say {stated!r} of warranty"
+            )
+        return Evaluation(Verdict.PASSED, f"warranty looked up, {stated} stated")
+
+
+EVALUATORS: dict[str, type[Evaluator]] = {
+    "kettlecraft_replacement": ReplacementShippedEvaluator,
+    "kettlecraft_warranty": WarrantyAnsweredEvaluator,
+}
 
 
 def evaluator_for(name: str) -> Evaluator | None:

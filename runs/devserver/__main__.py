@@ -3,7 +3,8 @@
 The script is a JSON list of replies in the scripted model's format
 (`{"text": ...}` or `{"tool_calls": [{"name": ..., "arguments": {...}}]}`); the
 reply to a request is the entry at its number of assistant turns (the last one
-again once the script runs out).
+again once the script runs out). `--demo` serves the demo's own script
+(runs/devserver/demo.py) instead of a file.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 from pathlib import Path
 
 from runs.devserver import SERVERS
+from runs.devserver.demo import DEMO_WARRANTY_SCRIPT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,13 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", choices=sorted(SERVERS), default="openai")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8011)
-    parser.add_argument("--script", type=Path, required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--script", type=Path, help="a JSON file of replies")
+    source.add_argument(
+        "--demo", action="store_true", help="the demo's script (seed_demo --with-mcp)"
+    )
     parser.add_argument("--model", default="", help="model name to answer with")
     parser.add_argument(
         "--chunk-delay", type=float, default=0.03, help="seconds between stream events"
     )
     args = parser.parse_args(argv)
-    script = json.loads(args.script.read_text())
+    script = DEMO_WARRANTY_SCRIPT if args.demo else json.loads(args.script.read_text())
     if not isinstance(script, list) or not script:
         parser.error("the script must be a non-empty JSON list of replies")
     server = SERVERS[args.protocol](

@@ -3,8 +3,9 @@
 Each request takes the next queued `Behaviour`; with none queued, the server's
 `script` answers, its entry chosen by how many assistant turns the request
 already holds (so concurrent conversations each get their own next reply, and a
-retried request gets the same one). Subclasses speak one protocol
-(`ChatCompletionsServer`, `MessagesServer`).
+retried request gets the same one); `{{call_id.key...}}` in a script's text is
+filled from the tool results the request carries (`fill_placeholders`).
+Subclasses speak one protocol (`ChatCompletionsServer`, `MessagesServer`).
 
 Misbehaviours for tests: an HTTP error with any status, headers and body; a
 delay before answering; a stream that drops its connection mid-way (`drop_after`
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -165,10 +167,10 @@ class ModelServer:
             for message in body.get("messages") or []
             if message.get("role") == "assistant"
         )
-        return Behaviour(
-            reply=self.script[min(turn, len(self.script) - 1)],
-            chunk_delay=self.chunk_delay,
-        )
+        reply = self.script[min(turn, len(self.script) - 1)]
+        if reply.text and "{{" in reply.text:
+            reply = replace(reply, text=fill_placeholders(reply.text, body))
+        return Behaviour(reply=reply, chunk_delay=self.chunk_delay)
 
     # -- what a protocol implements ------------------------------------------------
 
@@ -331,6 +333,60 @@ class ModelServer:
                 pass
 
         return Handler
+
+
+# `{{call_id.key.key}}` in a script's text: a value from the observation the
+# request carries for that call (its `data`, or its `error` when it failed), so a
+# scripted answer quotes what the tools really returned, as a model would.
+_PLACEHOLDER = re.compile(r"\{\{([A-Za-z0-9_-]+)((?:\.[A-Za-z0-9_]+)+)\}\}")
+
+
+def _tool_results(body: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(call id, result text) of each tool result in the request, in either
+    protocol's shape (an OpenAI `tool` message, an Anthropic `tool_result`)."""
+    for message in body.get("messages") or []:
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "tool":
+            yield str(message.get("tool_call_id")), message.get("content")
+            continue
+        content = message.get("content")
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                inner = block.get("content")
+                if isinstance(inner, list):
+                    inner = "".join(
+                        str(part.get("text", "")) for part in inner
+                        if isinstance(part, dict)
+                    )  # fmt: skip
+                yield str(block.get("tool_use_id")), inner
+
+
+def fill_placeholders(text: str, body: Mapping[str, Any]) -> str:
+    """`text` with each `{{call_id.key...}}` the request's observations answer
+    filled in; a placeholder nothing answers stays as written."""
+    observed: dict[str, Any] = {}
+    for call_id, content in _tool_results(body):
+        try:
+            result = json.loads(content) if isinstance(content, str) else content
+        except ValueError:
+            continue
+        if isinstance(result, dict):
+            observed[call_id] = (
+                result.get("data") if result.get("ok") else result.get("error")
+            )
+
+    def value(match: re.Match[str]) -> str:
+        found = observed.get(match.group(1))
+        for key in match.group(2).split(".")[1:]:
+            found = found.get(key) if isinstance(found, dict) else None
+        if found is None:
+            return match.group(0)
+        if isinstance(found, bool):
+            return "yes" if found else "no"
+        return found if isinstance(found, str) else json.dumps(found)
+
+    return _PLACEHOLDER.sub(value, text)
 
 
 class _QuietServer(ThreadingHTTPServer):
