@@ -55,6 +55,9 @@ class RetryPolicy:
     max_per_tool: int = 3  # per tool per run (spec §1.3: "单工具 ≤ 3 次")
     backoff_seconds: float = 0.5  # the first retry's delay; doubles each time
     max_backoff_seconds: float = 8.0
+    # No retry starts once a call has taken this long, attempts and waits
+    # included: a step must end well within its worker's time limit.
+    max_call_seconds: float = 30.0
 
     def delay(self, retry_number: int, rng: random.Random | None = None) -> float:
         """Exponential backoff with full jitter in [0.5, 1.5) of the step."""

@@ -293,13 +293,20 @@ def execute_call(
         allowed_secrets=tool.contract.scope.secrets,
         secret_reader=secret_reader,
     )
-    attempts = 1
+    attempts, started = 1, time.monotonic()
     result = execute_tool(
         tool, call.arguments, context, timeout_seconds=timeout_seconds
     )
     while may_auto_retry(tool.contract, result, ledger, retry):
+        delay = retry.delay(ledger.retries.get(tool.name, 0) + 1)
+        spent = time.monotonic() - started + delay
+        late = check_before_tool_call(
+            usage.with_wall_seconds(usage.wall_seconds + spent), limits
+        )
+        if spent > retry.max_call_seconds or late is not None:
+            break  # the run's deadline or the call's own time is up
         ledger.retries[tool.name] = ledger.retries.get(tool.name, 0) + 1
-        sleep(retry.delay(ledger.retries[tool.name]))
+        sleep(delay)
         attempts += 1
         result = execute_tool(
             tool, call.arguments, context, timeout_seconds=timeout_seconds

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from runs.engine.adapters.scripted import ScriptedModel
+from runs.engine.budget import BudgetLimits
 from runs.engine.contracts import (
     ContractError,
     Effect,
@@ -246,6 +247,26 @@ def test_retries_are_a_per_tool_budget_over_the_whole_run() -> None:
     result = run([tool], [calls("read"), calls("read")], config=config)
     assert len(attempts) == 2 + 2  # two calls, two retries in all
     assert result.state.contract.retries == {"read": 2}
+
+
+def test_no_retry_starts_past_the_calls_time_or_the_runs_deadline() -> None:
+    handler, attempts = flaky(1)
+    config = AgentConfig(
+        name="a", reserve_output_tokens=50, retry=RetryPolicy(max_call_seconds=0)
+    )
+    run([Tool(contract("read"), handler)], [calls("read")], config=config)
+    assert len(attempts) == 1
+
+    handler, attempts = flaky(1)
+    slow = RetryPolicy(
+        backoff_seconds=100, max_backoff_seconds=100, max_call_seconds=1000
+    )
+    config = AgentConfig(name="a", reserve_output_tokens=50, retry=slow)
+    limits = BudgetLimits(max_wall_seconds=60)
+    run(
+        [Tool(contract("read"), handler)], [calls("read")], config=config, limits=limits
+    )
+    assert len(attempts) == 1  # waiting 50-150 s would pass the run's deadline
 
 
 def test_irreversible_writes_and_permission_errors_are_never_retried() -> None:
