@@ -108,8 +108,9 @@ class McpToolUpdateSerializer(serializers.Serializer[Any]):
         choices=McpTool.Idempotency.choices, required=False
     )
     requires_approval = serializers.BooleanField(required=False)
+    # Below the step's hard time limit, with the session's grace and teardown.
     timeout_seconds = serializers.IntegerField(
-        min_value=1, max_value=300, required=False
+        min_value=1, max_value=120, required=False
     )
     quota = serializers.CharField(
         max_length=200,

@@ -216,10 +216,11 @@ def _failure_result(failure: McpFailure, contract: ToolContract) -> ToolFailure:
     if failure.kind == "removed":
         return ToolFailure(ErrorCode.ENOTOOL, message)
     if failure.kind == "timeout":
+        # Not retried by the host: each retry would hold the step another deadline.
         return ToolFailure(
             ErrorCode.ETIMEDOUT,
             message + ("" if read_only else "; the call may have taken effect"),
-            retryable=read_only,
+            retryable=False,
         )
     if failure.kind == "too_large":
         return ToolFailure(ErrorCode.EOUTPUT, message, retryable=False)
