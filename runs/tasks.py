@@ -13,6 +13,7 @@ from controlplane.celery import worker_identity
 from controlplane.failpoints import failpoint
 from runs.services import DatabaseLost, recover_stalled_runs, run_advance
 from runs.services.decide import approvals_expire
+from runs.services.mcp import mcp_stdio_listing_reply
 from runs.services.retention import retention_sweep
 from runs.spans import spans_end_of_finished_runs
 from tracing.store import spans_abandon_expired
@@ -102,3 +103,18 @@ def abandon_expired_spans_task() -> int:
     """Mark spans of dead workers `abandoned` (their run's recovery takes over),
     and end the root span of runs whose finisher died after the outcome."""
     return spans_abandon_expired() + spans_end_of_finished_runs()
+
+
+@shared_task(acks_late=False)
+def mcp_stdio_list_task(
+    *, reply_key: str, tenant_id: str, slug: str, command: list[str], network: list[str]
+) -> None:
+    """List a stdio MCP server's tools in a worker (the sandbox needs the worker's
+    privileges) and leave the answer in the cache for the web request waiting."""
+    mcp_stdio_listing_reply(
+        reply_key=reply_key,
+        tenant_id=tenant_id,
+        slug=slug,
+        command=command,
+        network=network,
+    )

@@ -172,6 +172,17 @@ MCP_STDIO_READONLY_PATHS = env.items(
     ),
     help="Host directories a sandboxed MCP stdio server may read (on PYTHONPATH).",
 )
+# Where a stdio server's tools are listed at registration and refresh: "worker"
+# (a Celery worker, which may start sandboxes: an unprivileged web process may
+# not), "inline" (the process handling the request), or "auto": inline where the
+# sandbox can run (a root dev launcher, a management command in the worker's
+# image), else a worker.
+MCP_STDIO_LIST_IN = env.string(
+    "MCP_STDIO_LIST_IN",
+    "auto",
+    help="'auto', 'worker' or 'inline': which process lists a stdio MCP server's "
+    "tools at registration and refresh.",
+)
 MCP_STDIO_MEMORY_MB = env.integer(
     "MCP_STDIO_MEMORY_MB", 512, minimum=64, help="Memory cap of a stdio MCP server."
 )

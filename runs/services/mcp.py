@@ -9,14 +9,20 @@ server and changes no tool.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerUnavailable
 
+from controlplane.celery import app as celery_app
 from controlplane.models import Tenant
 from controlplane.secrets import SecretMissing, secret_exists
 from controlplane.services import audit_record
@@ -24,7 +30,11 @@ from runs.mcp.client import ListedTool, McpFailure, mcp_list_tools
 from runs.mcp.connection import mcp_endpoint_for
 from runs.mcp.pinning import ListingChanges, mcp_listing_apply, schema_problem
 from runs.models import McpServer, McpTool
-from runs.sandbox import HostPort, SandboxSpecError
+from runs.sandbox import HostPort, SandboxSpecError, SandboxUnavailable, probe_host
+from runs.sandbox.capabilities import require_layers
+from runs.tools.run_code import sandbox_settings
+
+LIST_TASK = "runs.tasks.mcp_stdio_list_task"
 
 
 class McpInputError(ValueError):
@@ -115,6 +125,8 @@ def _validate(tenant: Tenant, data: Mapping[str, Any]) -> dict[str, Any]:
 def _listing(server: McpServer) -> list[ListedTool]:
     """The server's tools, or McpInputError naming the field to look at."""
     field = "url" if server.transport == McpServer.Transport.HTTP else "command"
+    if server.transport == McpServer.Transport.STDIO and not _lists_here():
+        return _listing_by_a_worker(server)
     try:
         endpoint = mcp_endpoint_for(
             server, timeout_seconds=settings.MCP_LIST_TIMEOUT_SECONDS
@@ -128,6 +140,83 @@ def _listing(server: McpServer) -> list[ListedTool]:
         raise McpInputError({field: [str(failure)]}) from None
     except SecretMissing as missing:
         raise McpInputError({"auth_secret": [str(missing)]}) from None
+
+
+def _lists_here() -> bool:
+    """Whether this process lists stdio servers itself: `inline`, or `auto` and
+    it can run the sandbox (a worker can; an unprivileged web process cannot)."""
+    where = settings.MCP_STDIO_LIST_IN
+    if where != "auto":
+        return bool(where == "inline")
+    config = sandbox_settings()
+    try:
+        require_layers(probe_host(config).planned_layers(), config.required_layers)
+    except SandboxUnavailable:
+        return False
+    return True
+
+
+def _listing_by_a_worker(server: McpServer) -> list[ListedTool]:
+    """A stdio server's listing from a Celery worker: the web process cannot
+    start a sandbox (it has neither root nor the cgroups). The answer comes back
+    through the cache under a one-time key; no answer in time is a 400 too."""
+    reply_key = f"mcp-listing:{uuid.uuid4().hex}"
+    kwargs = {
+        "reply_key": reply_key,
+        "tenant_id": str(server.tenant_id),
+        "slug": server.slug,
+        "command": list(server.command),
+        "network": list(server.network),
+    }
+    try:
+        # Named, not imported: runs.tasks imports the services (as dispatch.py).
+        celery_app.signature(LIST_TASK).apply_async(kwargs=kwargs)
+    except BrokerUnavailable:
+        raise McpInputError(
+            {"command": ["no worker can be reached to start it (broker down)"]}
+        ) from None
+    deadline = time.monotonic() + settings.MCP_LIST_TIMEOUT_SECONDS + 15
+    while time.monotonic() < deadline:
+        reply = cache.get(reply_key)
+        if reply is None:
+            time.sleep(0.1)
+            continue
+        cache.delete(reply_key)
+        if "failure" in reply:
+            too_much = reply["kind"] in ("too_many_tools", "too_large")
+            raise McpInputError(
+                {"server" if too_much else "command": [reply["failure"]]}
+            )
+        return [ListedTool(**tool) for tool in reply["tools"]]
+    raise McpInputError(
+        {"command": ["no worker listed its tools in time: is a worker running?"]}
+    )
+
+
+def mcp_stdio_listing_reply(
+    *, reply_key: str, tenant_id: str, slug: str, command: list[str], network: list[str]
+) -> None:
+    """In a worker: list a stdio server's tools and leave the answer (or the
+    failure's message) in the cache under `reply_key`."""
+    server = McpServer(
+        tenant_id=tenant_id,
+        slug=slug,
+        transport=McpServer.Transport.STDIO,
+        command=command,
+        network=network,
+    )
+    try:
+        endpoint = mcp_endpoint_for(
+            server, timeout_seconds=settings.MCP_LIST_TIMEOUT_SECONDS
+        )
+        listing = mcp_list_tools(
+            endpoint, timeout_seconds=settings.MCP_LIST_TIMEOUT_SECONDS
+        )
+    except McpFailure as failure:
+        reply: dict[str, Any] = {"failure": str(failure), "kind": failure.kind}
+    else:
+        reply = {"tools": [dataclasses.asdict(tool) for tool in listing]}
+    cache.set(reply_key, reply, timeout=120)
 
 
 def mcp_server_register(

@@ -4,10 +4,12 @@ and pinned at registration, called from a run, refused when it is not MCP."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.test import override_settings
 
 from controlplane.models import AuditEvent
 from runs.models import McpServer, McpTool, Run, ToolCall
@@ -24,6 +26,13 @@ def bubblewrap_installed() -> None:
     assert shutil.which("bwrap"), (
         "stdio MCP servers need bubblewrap: apt-get install bubblewrap"
     )
+
+
+@pytest.fixture(autouse=True)
+def listed_in_this_process() -> Iterator[None]:
+    # This test process may start sandboxes; one test below asks a worker.
+    with override_settings(MCP_STDIO_LIST_IN="inline"):
+        yield
 
 
 @pytest.fixture
@@ -155,3 +164,18 @@ def test_a_stdio_server_reaches_only_the_hosts_its_network_lists(
     assert any(e.get("decision") == "allow" for e in log), log
     log = refused.sandbox_result["network_log"]
     assert log and all(e.get("decision") != "allow" for e in log), log
+
+
+def test_a_web_process_that_cannot_sandbox_has_a_worker_list_the_tools(
+    admin_api, celery_worker_process
+):
+    with override_settings(MCP_STDIO_LIST_IN="worker"):
+        response = register(admin_api, COMMAND)
+        assert response.status_code == 201, (
+            response.content,
+            celery_worker_process.output()[-3000:],
+        )
+        assert len(response.json()["tools"]) == 6
+        broken = register(admin_api, ["/bin/sh", "-c", "echo hi"], slug="broken")
+    assert "not MCP" in broken.json()["error"]["fields"]["command"][0]
+    assert McpServer.objects.count() == 1
