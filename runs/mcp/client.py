@@ -29,6 +29,8 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
+import anyio.to_thread
+import httpcore2
 import httpx2
 import mcp_types as types
 from mcp import Client
@@ -155,7 +157,9 @@ def check_http_target(
     url: str, allowed_private: Sequence[str] = (), *, label: str = "the server"
 ) -> None:
     """Refuse a URL that is not plain http(s) or whose host resolves to a private,
-    loopback or link-local address not listed in `allowed_private` (SSRF)."""
+    loopback or link-local address not listed in `allowed_private` (SSRF). The
+    connection itself checks the address it connects to again (`_CheckedBackend`):
+    a name that resolves differently a moment later gains nothing."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise McpFailure("refused", f"{label}: the URL must be http:// or https://")
@@ -169,24 +173,38 @@ def check_http_target(
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise McpFailure("refused", f"{label}: the URL's port is invalid") from None
+    checked_addresses(host, port, allowed_private, label=label)
+
+
+def _listed_private(host: str, port: int, allowed_private: Sequence[str]) -> bool:
     listed = {entry.lower() for entry in allowed_private}
-    if f"{host}:{port}" in listed or f"[{host}]:{port}" in listed:
-        return
+    return f"{host}:{port}" in listed or f"[{host}]:{port}" in listed
+
+
+def checked_addresses(
+    host: str, port: int, allowed_private: Sequence[str], *, label: str
+) -> list[str]:
+    """The addresses `host` resolves to, all of them public unless `host:port` is
+    listed as private; McpFailure otherwise."""
     try:
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
         raise McpFailure(
             "unreachable", f"{label}: the host {host!r} does not resolve"
         ) from None
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+    addresses = list(dict.fromkeys(str(info[4][0]).split("%")[0] for info in infos))
+    if _listed_private(host, port, allowed_private):
+        return addresses
+    for text in addresses:
+        address = ipaddress.ip_address(text)
         if not address.is_global:
             raise McpFailure(
                 "refused",
                 f"{label}: {host}:{port} is a private, loopback or link-local "
-                f"address ({address}); an admin must list {host}:{port} in the "
-                "server's network to allow it",
+                f"address ({address}); an admin must list private:{host}:{port} "
+                "in the server's network to allow it",
             )
+    return addresses
 
 
 # --- bounded HTTP --------------------------------------------------------------------
@@ -229,12 +247,61 @@ class _CappedStream(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
+class _CheckedBackend(httpcore2.AsyncNetworkBackend):
+    """Connects only to an address checked at connection time (no DNS
+    rebinding between the URL's check and the connection)."""
+
+    def __init__(self, allowed_private: Sequence[str], label: str) -> None:
+        self._inner = httpcore2.AnyIOBackend()
+        self._allowed = allowed_private
+        self._label = label
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        addresses = await anyio.to_thread.run_sync(
+            lambda: checked_addresses(
+                host.lower().rstrip("."), port, self._allowed, label=self._label
+            )
+        )
+        # TLS still verifies the name: the connection starts it with the URL's
+        # host, whatever address it dialled.
+        return await self._inner.connect_tcp(
+            addresses[0],
+            port,
+            timeout=timeout,
+            local_address=local_address,
+            socket_options=socket_options,
+        )
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore2.AsyncNetworkStream:
+        raise McpFailure("refused", f"{self._label}: no unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
 class _CappedTransport(httpx2.AsyncBaseTransport):
     """Stops reading a response body past `cap` bytes (the SDK buffers JSON
-    responses whole)."""
+    responses whole); connects through `_CheckedBackend`."""
 
-    def __init__(self, guard: _SizeGuard) -> None:
+    def __init__(
+        self, guard: _SizeGuard, allowed_private: Sequence[str], label: str
+    ) -> None:
         self._inner = httpx2.AsyncHTTPTransport(trust_env=False)
+        # httpx2 takes no network backend: its pool is replaced by the same one
+        # with ours (what AsyncHTTPTransport builds without a proxy).
+        self._inner._pool = httpcore2.AsyncConnectionPool(
+            ssl_context=httpx2.create_ssl_context(trust_env=False),
+            network_backend=_CheckedBackend(allowed_private, label),
+        )
         self._guard = guard
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -429,7 +496,14 @@ def _run_bounded(
     async def session() -> _T:
         with anyio.fail_after(timeout_seconds):
             if endpoint.stdio is not None:
-                process = endpoint.stdio()
+                try:
+                    process = endpoint.stdio()
+                except Exception as exc:  # noqa: BLE001 - the sandbox said why
+                    raise McpFailure(
+                        "unreachable",
+                        f"{endpoint.label} could not be started "
+                        f"({type(exc).__name__}: {clip(str(exc), 200)})",
+                    ) from None
                 processes.append(process)
                 async with Client(
                     _piped_transport(process, guard),
@@ -439,7 +513,9 @@ def _run_bounded(
                     return await body(client)
             timeout = httpx2.Timeout(timeout_seconds)
             async with httpx2.AsyncClient(
-                transport=_CappedTransport(guard),
+                transport=_CappedTransport(
+                    guard, endpoint.allowed_private, endpoint.label
+                ),
                 headers=dict(endpoint.headers),
                 timeout=timeout,
                 trust_env=False,

@@ -74,6 +74,10 @@ class HttpMcpServer:
         """The entry an admin adds to let the control plane reach a local host."""
         return [f"private:127.0.0.1:{self.port}"]
 
+    @property
+    def network_hosts(self) -> list[str]:
+        return [f"127.0.0.1:{self.port}"]
+
     def stop(self) -> None:
         self._uvicorn.should_exit = True
         self._thread.join(10)

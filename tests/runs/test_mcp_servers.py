@@ -342,3 +342,20 @@ def test_a_duplicate_slug_is_refused(admin_api, warranty):
     assert register(admin_api, warranty).status_code == 201
     assert "slug" in fields_of(register(admin_api, warranty))
     assert McpServer.objects.count() == 1
+
+
+def test_the_connection_checks_the_address_it_dials(warranty, monkeypatch):
+    """A name that resolved to a public address when the URL was checked and to
+    a loopback one when connecting (DNS rebinding) is refused at the connection."""
+    from runs.mcp import client
+
+    monkeypatch.setattr(client, "check_http_target", lambda *a, **k: None)
+    endpoint = client.McpEndpoint(label="MCP server 'w'", url=warranty.url)
+    with pytest.raises(client.McpFailure) as refused:
+        client.mcp_list_tools(endpoint, timeout_seconds=5)
+    assert refused.value.kind == "refused", refused.value
+    assert "loopback" in str(refused.value)
+    listed = client.McpEndpoint(
+        label="MCP server 'w'", url=warranty.url, allowed_private=warranty.network_hosts
+    )
+    assert len(client.mcp_list_tools(listed, timeout_seconds=5)) == 2

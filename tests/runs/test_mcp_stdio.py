@@ -179,3 +179,14 @@ def test_a_web_process_that_cannot_sandbox_has_a_worker_list_the_tools(
         broken = register(admin_api, ["/bin/sh", "-c", "echo hi"], slug="broken")
     assert "not MCP" in broken.json()["error"]["fields"]["command"][0]
     assert McpServer.objects.count() == 1
+
+
+def test_a_stdio_server_the_sandbox_cannot_start_is_refused_with_the_reason(
+    admin_api, settings
+):
+    # An operator's memory cap below the sandbox's floor: it refuses the spec.
+    settings.MCP_STDIO_MEMORY_MB = 16
+    response = register(admin_api, COMMAND)
+    message = response.json()["error"]["fields"]["command"][0]
+    assert "could not be started (SandboxSpecError" in message, message
+    assert not McpServer.objects.exists()
