@@ -35,8 +35,17 @@ from runs.engine.adapters.retrying import MIN_ATTEMPT_SECONDS, discard_deltas
 
 Admission = Literal["closed", "open", "trial"]
 
-# Our request's fault (or our code's): the provider is not failing.
-NOT_PROVIDER_FAILURES = frozenset({"bad_request", "adapter_error", "script_exhausted"})
+# Our request's fault, our code's or our configuration's (a key secret not set, a
+# client the SDK refused to build): the provider is not failing.
+NOT_PROVIDER_FAILURES = frozenset(
+    {
+        "bad_request",
+        "adapter_error",
+        "script_exhausted",
+        "missing_secret",
+        "configuration",
+    }
+)
 
 
 @dataclass(frozen=True)
