@@ -359,3 +359,22 @@ def test_the_connection_checks_the_address_it_dials(warranty, monkeypatch):
         label="MCP server 'w'", url=warranty.url, allowed_private=warranty.network_hosts
     )
     assert len(client.mcp_list_tools(listed, timeout_seconds=5)) == 2
+
+
+def test_a_disabled_server_offers_no_tool_until_enabled_again(
+    admin_api, warranty, tenant
+):
+    server_id = register(admin_api, warranty).json()["id"]
+    path = f"/api/v1/mcp-servers/{server_id}/"
+    refs = ["mcp:warranty/warranty_lookup"]
+    assert (
+        admin_api.patch(path, {"enabled": False}, format="json").json()["enabled"]
+        is False
+    )
+    assert len(tool_registry_for(refs, tenant_id=tenant.id)) == 0
+    assert unknown_tool_refs(refs, tenant_id=tenant.id) == []  # known, just off
+    bad = admin_api.patch(path, {"enabled": "sometimes"}, format="json")
+    assert "enabled" in fields_of(bad)
+    admin_api.patch(path, {"enabled": True}, format="json")
+    assert len(tool_registry_for(refs, tenant_id=tenant.id)) == 1
+    assert AuditEvent.objects.filter(action="mcp_server.update").count() == 2
