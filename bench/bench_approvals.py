@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.agents import scripted_agent
 from bench.django_env import Workers, django_setup, percentile
 
 APPROVALS = 200
@@ -123,7 +124,7 @@ def main() -> None:
     from approvals.models import ApprovalRequest
     from controlplane.services import api_token_issue, membership_set, tenant_create
     from runs.demo import demo_seed_shop
-    from runs.models import Agent, Run, ToolCall
+    from runs.models import Run, ToolCall
     from runs.services import run_start
     from shop.models import Replacement
 
@@ -131,19 +132,15 @@ def main() -> None:
     operator = get_user_model().objects.create_user(username=f"op-{os.getpid()}")
     membership_set(tenant=tenant, user=operator, role="operator")
     demo_seed_shop(tenant=tenant)
-    Agent.objects.create(
-        tenant=tenant, slug="gate", name="gate", model_adapter="scripted",
-        model="scripted", tool_names=["create_replacement"],
+    scripted_agent(
+        tenant, "gate", tools=["create_replacement"],
         script=[
             {"tool_calls": [{"id": "c1", "name": "create_replacement",
                              "arguments": {"order_id": "4821", "reason": "dented"}}]},
             {"text": "Shipped."},
         ],
     )  # fmt: skip
-    Agent.objects.create(
-        tenant=tenant, slug="plain", name="plain", model_adapter="scripted",
-        model="scripted", tool_names=[], script=[{"text": "hello"}],
-    )  # fmt: skip
+    scripted_agent(tenant, "plain", script=[{"text": "hello"}])
     client = APIClient()
     secret = api_token_issue(tenant=tenant, user=operator).secret
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")

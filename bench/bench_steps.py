@@ -23,6 +23,7 @@ import tempfile
 import time
 from typing import Any
 
+from bench.agents import scripted_agent
 from bench.django_env import BASE_DIR, percentile
 
 STEPS = 50
@@ -147,13 +148,11 @@ def control_plane(database_url: str | None) -> dict[str, Any]:
     django_setup(database_url)
     from controlplane.celery import app
     from controlplane.services import tenant_create
-    from runs.models import Agent
 
     tenant = tenant_create(slug=f"bench-{os.getpid()}", name="Bench")
     for slug, steps in (("long", STEPS), ("short", CONCURRENT_STEPS)):
-        Agent.objects.create(
-            tenant=tenant, slug=slug, name=slug, model_adapter="scripted",
-            model="scripted", tool_names=["echo"], script=echo_script(steps),
+        scripted_agent(
+            tenant, slug, tools=["echo"], script=echo_script(steps),
             default_limits={"max_steps": steps + 5, "max_tool_calls": steps + 5},
         )  # fmt: skip
 

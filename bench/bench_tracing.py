@@ -25,6 +25,7 @@ import time
 import uuid
 from typing import Any
 
+from bench.agents import scripted_agent
 from bench.django_env import BASE_DIR, django_setup, percentile
 from controlplane.embedded_redis import free_local_port
 
@@ -40,15 +41,11 @@ def _fixtures() -> tuple[Any, Any, str]:
     from django.contrib.auth import get_user_model
 
     from controlplane.services import api_token_issue, membership_set, tenant_create
-    from runs.models import Agent
 
     tenant = tenant_create(slug=f"bench-{uuid.uuid4().hex[:6]}", name="Bench")
     user = get_user_model().objects.create_user(username=f"u-{uuid.uuid4().hex[:6]}")
     membership_set(tenant=tenant, user=user, role="admin")
-    agent = Agent.objects.create(
-        tenant=tenant, slug="bench", name="Bench", model_adapter="scripted",
-        model="scripted",
-    )  # fmt: skip
+    agent = scripted_agent(tenant, "bench")
     return tenant, agent, api_token_issue(tenant=tenant, user=user).secret
 
 
@@ -59,6 +56,7 @@ def _runs(tenant: Any, agent: Any, count: int) -> list[Any]:
         Run.objects.create(
             tenant=tenant,
             agent=agent,
+            agent_version=agent.current_version,
             input="bench",
             trace_id=uuid.uuid4().hex,
             status=Run.Status.SUCCEEDED,

@@ -60,7 +60,8 @@ def _store_large_run() -> tuple[Any, Any, Any]:
     trace_id = _hex(128)
     start = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=30)
     run = Run.objects.create(
-        tenant=tenant, agent=agent, started_by=user, input="bench: a large trace",
+        tenant=tenant, agent=agent, agent_version=agent.current_version,
+        started_by=user, input="bench: a large trace",
         status=Run.Status.RUNNING, trace_id=trace_id, started_at=start,
     )  # fmt: skip
 

@@ -35,8 +35,12 @@ class Action(StrEnum):
     # run.read), and how long the tenant's runs are kept (docs/data.md).
     RUN_DELETE = "run.delete"
     RETENTION_WRITE = "retention.write"
-    AGENT_READ = "agent.read"  # the agents a run may be started from (and MCP servers)
+    # Agents, their versions and model endpoints, and MCP servers.
+    AGENT_READ = "agent.read"
     MCP_WRITE = "mcp.write"  # register, refresh, accept and configure MCP servers
+    # Admins only: create, edit (a new version), disable and delete agents, and
+    # their model endpoints.
+    AGENT_WRITE = "agent.write"
     STREAM_READ = "stream.read"  # WebSocket streams of runs and the tenant
     PAGE_READ = "page.read"  # the browser pages
     APPROVAL_READ = "approval.read"

@@ -12,4 +12,6 @@ urlpatterns = [
     path("mcp-servers/", views.mcp_page, name="ui-mcp"),
     path("members/", views.members_page, name="ui-members"),
     path("tokens/", views.tokens_page, name="ui-tokens"),
+    path("agents/", views.agents_page, name="ui-agents"),
+    path("agents/<str:agent_id>/", views.agent_page, name="ui-agent"),
 ]

@@ -8,6 +8,7 @@ never rendered.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -22,7 +23,10 @@ from controlplane.models import Role
 from controlplane.permissions import Action, context_may, declares
 from controlplane.tenancy import SESSION_TENANT_KEY, TenantContext, tenant_context_for
 from runs import selectors as run_selectors
-from runs.models import Run
+from runs.evaluators import EVALUATORS
+from runs.models import AgentVersion, Run
+from runs.services.agent_validation import APPROVAL_CHOICES, version_config_of
+from runs.tools.registry import BUILTIN_TOOLS
 
 PageBody = Callable[..., HttpResponse]
 
@@ -54,6 +58,7 @@ def _page(
         "can_read_audit": context_may(context, Action.AUDIT_READ),
         "can_manage_members": context_may(context, Action.MEMBER_MANAGE),
         "can_manage_any_token": context_may(context, Action.TOKEN_MANAGE_ANY),
+        "can_edit_agents": context_may(context, Action.AGENT_WRITE),
         **(extra or {}),
     }
     return render(request, template, values, status=status)
@@ -106,7 +111,7 @@ def run_page(request: HttpRequest, context: TenantContext, run_id: str) -> HttpR
     run = run_selectors.run_get_for(tenant=context.tenant, run_id=run_id)
     if run is None:
         raise Http404("No such run in this tenant.")
-    extra = {"run_id": str(run.id)}
+    extra = {"run_id": str(run.id), "run": run}
     return _page(request, "frontend/run.html", context, "runs", extra)
 
 
@@ -155,3 +160,64 @@ def members_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
 def tokens_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
     """API tokens: a member's own; an admin's view takes in every member's."""
     return _page(request, "frontend/tokens.html", context, "tokens")
+
+
+def _form_values(version: AgentVersion | None) -> dict[str, Any]:
+    """What the agent form shows: the version's configuration, the lists one
+    entry a line and the objects as JSON (a new agent's: empty)."""
+    config: dict[str, Any] = {} if version is None else version_config_of(version)
+    return {
+        "name": config.get("name", ""),
+        "endpoint": config.get("endpoint", ""),
+        "model": config.get("model", ""),
+        "fallback_endpoint": config.get("fallback_endpoint") or "",
+        "fallback_model": config.get("fallback_model", ""),
+        "evaluated_models": "\n".join(config.get("evaluated_models", [])),
+        "system_prompt": config.get("system_prompt", ""),
+        "tools": "\n".join(config.get("tools", [])),
+        "tool_settings": json.dumps(config.get("tool_settings", {}), indent=2),
+        "default_limits": json.dumps(config.get("default_limits", {}), indent=2),
+        "evaluator": config.get("evaluator", ""),
+        "script": json.dumps(config.get("script", []), indent=2),
+    }
+
+
+def _form_choices(context: TenantContext) -> dict[str, Any]:
+    return {
+        "endpoints": run_selectors.model_endpoint_list_for(tenant=context.tenant),
+        "builtin_tools": sorted(BUILTIN_TOOLS),
+        "evaluators": sorted(EVALUATORS),
+        "approval_choices": APPROVAL_CHOICES,
+    }
+
+
+@page_gate(Action.AGENT_READ, "agents")
+def agents_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
+    """The tenant's agents and model endpoints; admins create them here."""
+    extra = {
+        "agents": run_selectors.agent_list_for(tenant=context.tenant),
+        "form": _form_values(None),
+        **_form_choices(context),
+    }
+    return _page(request, "frontend/agents.html", context, "agents", extra)
+
+
+@page_gate(Action.AGENT_READ, "agents")
+def agent_page(
+    request: HttpRequest, context: TenantContext, agent_id: str
+) -> HttpResponse:
+    """One agent: its current configuration, its versions (compare, restore)
+    and, for admins, the edit form and disable and delete."""
+    agent = run_selectors.agent_get_for(tenant=context.tenant, agent_id=agent_id)
+    if agent is None or agent.current_version is None:
+        raise Http404("No such agent in this tenant.")
+    versions = list(run_selectors.agent_versions_for(agent=agent))
+    extra = {
+        "agent": agent,
+        "version": agent.current_version,
+        "config": version_config_of(agent.current_version),
+        "versions": versions,
+        "form": _form_values(agent.current_version),
+        **_form_choices(context),
+    }
+    return _page(request, "frontend/agent.html", context, "agents", extra)

@@ -64,6 +64,10 @@ class StepSerializer(serializers.Serializer[Any]):
 class RunSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     agent = serializers.CharField(source="agent.slug")
+    # The agent version the run pinned at its start (null: a run sent over OTLP).
+    agent_version = serializers.IntegerField(
+        source="agent_version.number", allow_null=True
+    )
     status = serializers.CharField()
     stop_reason = serializers.CharField()
     stop_detail = RedactedCharField()

@@ -9,10 +9,12 @@ from typing import Any
 from django.db import transaction
 
 from controlplane.models import Tenant
-from runs.models import Agent
+from runs.models import Agent, ModelEndpoint
+from runs.services.agents import agent_create, agent_update, model_endpoint_create
 from shop.models import ShopOrder
 
 DEMO_AGENT_SLUG = "kettlecraft-support"
+DEMO_ENDPOINT_SLUG = "scripted"
 DEMO_INPUT = (
     "Hi, my order #4821 (the copper kettle) arrived with a dented spout. "
     "Can you send a replacement and tell me when it will arrive?"
@@ -70,17 +72,32 @@ def demo_seed_shop(*, tenant: Tenant) -> None:
             "delivery_date": dt.date.today() - dt.timedelta(days=2),
         },
     )
-    Agent.objects.update_or_create(
-        tenant=tenant,
-        slug=DEMO_AGENT_SLUG,
-        defaults={
-            "name": "Kettlecraft support",
-            "model_adapter": Agent.Adapter.SCRIPTED,
-            "model": "scripted-kettlecraft",
-            "system_prompt": DEMO_SYSTEM_PROMPT,
-            "tool_names": ["lookup_order", "get_delivery_date", "create_replacement",
-                           "refund", "run_code"],
-            "evaluator": "kettlecraft_replacement",
-            "script": DEMO_SCRIPT,
-        },
-    )  # fmt: skip
+    endpoint = ModelEndpoint.objects.filter(tenant=tenant, slug=DEMO_ENDPOINT_SLUG)
+    if not endpoint.exists():
+        model_endpoint_create(
+            tenant=tenant,
+            actor=None,
+            data={
+                "slug": DEMO_ENDPOINT_SLUG,
+                "name": "Scripted model (demo)",
+                "kind": ModelEndpoint.Kind.SCRIPTED,
+            },
+        )
+    config: dict[str, Any] = {
+        "name": "Kettlecraft support",
+        "endpoint": DEMO_ENDPOINT_SLUG,
+        "model": "scripted-kettlecraft",
+        "evaluated_models": ["scripted-kettlecraft"],
+        "system_prompt": DEMO_SYSTEM_PROMPT,
+        "tools": ["lookup_order", "get_delivery_date", "create_replacement",
+                  "refund", "run_code"],
+        "evaluator": "kettlecraft_replacement",
+        "script": DEMO_SCRIPT,
+    }  # fmt: skip
+    agent = Agent.objects.filter(
+        tenant=tenant, slug=DEMO_AGENT_SLUG, deleted_at__isnull=True
+    ).first()
+    if agent is None:
+        agent_create(tenant=tenant, actor=None, slug=DEMO_AGENT_SLUG, config=config)
+    else:  # a new version only if the demo's definition changed
+        agent_update(agent=agent, actor=None, config=config, partial=False)

@@ -11,42 +11,149 @@ from django.db import models
 from controlplane.models import Tenant
 from runs.engine.stop import TERMINAL_STATUSES
 
-__all__ = ["Agent", "McpServer", "McpTool", "Run", "Step", "ToolCall"]
+__all__ = [
+    "Agent",
+    "AgentVersion",
+    "McpServer",
+    "McpTool",
+    "ModelEndpoint",
+    "Run",
+    "Step",
+    "ToolCall",
+]
 
 
-class Agent(models.Model):
-    """A named configuration: model, system prompt, tools, caps and evaluator."""
+class ModelEndpoint(models.Model):
+    """Where a tenant's agents reach a model: the protocol, the URL and the name of
+    the secret holding its key (never the key itself)."""
 
-    class Adapter(models.TextChoices):
-        SCRIPTED = "scripted"
-        OPENAI = "openai"
+    class Kind(models.TextChoices):
+        OPENAI = "openai"  # any OpenAI-compatible Chat Completions endpoint
+        ANTHROPIC = "anthropic"  # the Messages API, through the official SDK
+        SCRIPTED = "scripted"  # the replies written in the agent version's script
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agents")
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="model_endpoints"
+    )
     slug = models.SlugField(max_length=64)
     name = models.CharField(max_length=200)
-    model_adapter = models.CharField(max_length=16, choices=Adapter.choices)
-    model = models.CharField(max_length=200)
-    # OpenAI-compatible endpoint; the key comes from the environment variable named
-    # here, so no secret is stored with the agent or shown to the model.
+    kind = models.CharField(max_length=16, choices=Kind.choices)
     base_url = models.CharField(max_length=500, blank=True)
-    api_key_env = models.CharField(max_length=100, blank=True)
-    system_prompt = models.TextField(blank=True)
-    tool_names = models.JSONField(default=list)
-    default_limits = models.JSONField(default=dict)
-    evaluator = models.CharField(max_length=100, blank=True)
-    script = models.JSONField(default=list, blank=True)  # scripted adapter's replies
+    # The name of a tenant secret (controlplane.secrets), or "" for none.
+    api_key_secret = models.CharField(max_length=64, blank=True)
+    # timeout_seconds, max_retries, stream, ... (docs/agents.md).
+    options = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["tenant", "slug"], name="agent_slug_per_tenant"
+                fields=["tenant", "slug"], name="model_endpoint_slug_per_tenant"
             )
         ]
 
     def __str__(self) -> str:
         return self.slug
+
+
+class Agent(models.Model):
+    """An agent's identity; what it runs with is its current `AgentVersion`.
+
+    Deleting one is soft (`deleted_at`): its runs keep the versions they ran."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agents")
+    slug = models.SlugField(max_length=64)
+    name = models.CharField(max_length=200)
+    disabled = models.BooleanField(default=False)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    # None only for the placeholder agent of runs sent over OTLP (never run here).
+    current_version = models.ForeignKey(
+        "AgentVersion",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            # A deleted agent's slug may be taken again.
+            models.UniqueConstraint(
+                fields=["tenant", "slug"],
+                condition=models.Q(deleted_at__isnull=True),
+                name="agent_slug_per_tenant",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class AgentVersion(models.Model):
+    """One immutable configuration of an agent, numbered 1..n; every edit adds
+    one, and a run pins the one it started with (`Run.agent_version`)."""
+
+    # The configuration fields, in the order a comparison lists them.
+    CONFIG_FIELDS = (
+        "name",
+        "endpoint",
+        "model",
+        "fallback_endpoint",
+        "fallback_model",
+        "evaluated_models",
+        "system_prompt",
+        "tools",
+        "tool_settings",
+        "default_limits",
+        "evaluator",
+        "script",
+    )
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The agent's display name when this version was made.
+    name = models.CharField(max_length=200)
+    endpoint = models.ForeignKey(
+        ModelEndpoint, on_delete=models.PROTECT, related_name="agent_versions"
+    )
+    model = models.CharField(max_length=200)
+    fallback_endpoint = models.ForeignKey(
+        ModelEndpoint,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="fallback_of_versions",
+    )
+    fallback_model = models.CharField(max_length=200, blank=True)
+    # The models the agent was evaluated with; the fallback model is one of them.
+    evaluated_models = models.JSONField(default=list, blank=True)
+    system_prompt = models.TextField(blank=True)
+    tools = models.JSONField(default=list, blank=True)  # tool refs (docs/agents.md)
+    tool_settings = models.JSONField(default=dict, blank=True)  # ref -> settings
+    default_limits = models.JSONField(default=dict, blank=True)
+    evaluator = models.CharField(max_length=100, blank=True)
+    script = models.JSONField(default=list, blank=True)  # scripted endpoint's replies
+
+    class Meta:
+        ordering = ["agent", "number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "number"], name="one_agent_version_per_number"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent.slug} v{self.number}"
 
 
 class Run(models.Model):
@@ -67,6 +174,15 @@ class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="runs")
+    # The configuration the run started with and runs with to its end; None
+    # only for runs sent over OTLP (runs.services.external).
+    agent_version = models.ForeignKey(
+        AgentVersion,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="runs",
+    )
     started_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,14 @@ from budgets.extensions import limits_with_extensions
 from budgets.models import Budget
 from budgets.prices import PriceLookup, model_price_for
 from budgets.services import run_ceiling_of
-from runs.engine.adapters import ModelAdapter, build_model_adapter
+from controlplane.secrets import SecretMissing, secret_value
+from runs.engine.actions import ModelReply
+from runs.engine.adapters import (
+    DeltaSink,
+    ModelAdapter,
+    ModelError,
+    build_model_adapter,
+)
 from runs.engine.budget import BudgetLimits
 from runs.engine.enforcement import RetryPolicy
 from runs.engine.evaluator import Evaluator
@@ -21,8 +28,14 @@ from runs.engine.loop import AgentConfig
 from runs.engine.policy import PolicyHook
 from runs.engine.tools import ToolRegistry
 from runs.evaluators import evaluator_for
-from runs.models import Agent, Run
+from runs.models import AgentVersion, Run
 from runs.tools.registry import tool_registry_for
+
+# What an endpoint without a key secret (a local vLLM, Ollama or LM Studio) is
+# sent as its key: the SDKs refuse to build a client with none.
+NO_API_KEY = "no-key"
+# The endpoint options the adapters take (docs/agents.md, Model endpoints).
+ADAPTER_OPTIONS = ("timeout_seconds", "max_retries", "stream")
 
 
 @dataclass(frozen=True)
@@ -38,13 +51,15 @@ class RunRuntime:
 
 
 def effective_limits(
-    agent: Agent, requested: dict[str, Any], ceiling: BudgetLimits | None = None
+    version: AgentVersion,
+    requested: dict[str, Any],
+    ceiling: BudgetLimits | None = None,
 ) -> BudgetLimits:
     """The run's caps: the lowest of the platform default, the tenant's ceiling, the
     agent's and the run's.
 
-    An agent or a run request may lower a cap but never raise it; a request above
-    the tenant's ceiling is an error (ValueError naming the cap).
+    An agent version or a run request may lower a cap but never raise it; a
+    request above the tenant's ceiling is an error (ValueError naming the cap).
     """
     wanted = BudgetLimits.from_dict(requested)
     if ceiling is not None:
@@ -57,7 +72,7 @@ def effective_limits(
     return min_limits(
         BudgetLimits.from_dict(settings.RUN_DEFAULT_LIMITS),
         ceiling or BudgetLimits(),
-        BudgetLimits.from_dict(agent.default_limits),
+        BudgetLimits.from_dict(version.default_limits),
         wanted,
     )
 
@@ -74,17 +89,76 @@ def min_limits(*layers: BudgetLimits) -> BudgetLimits:
     return BudgetLimits.from_dict(merged)
 
 
-def model_adapter_for(agent: Agent, *, replies_consumed: int) -> ModelAdapter:
-    api_key = os.environ.get(agent.api_key_env, "") if agent.api_key_env else ""
-    return build_model_adapter(
-        agent.model_adapter,
-        model=agent.model,
-        script=agent.script,
-        script_position=replies_consumed,
-        api_key=api_key,
-        base_url=agent.base_url or None,
-        deadline_seconds=settings.RUN_MODEL_DEADLINE_SECONDS,
-    )
+class UnavailableModel:
+    """The model of a version whose client cannot be built (its key secret is
+    not set, the SDK refuses the configuration): the first call fails with the
+    reason, so the run ends at once with a model error saying what to fix, in
+    its stop detail and in its chat span."""
+
+    def __init__(self, provider: str, error: ModelError) -> None:
+        self._provider = provider
+        self.error = error
+
+    @property
+    def provider(self) -> str:
+        return self._provider
+
+    def complete(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        max_output_tokens: int,
+        *,
+        on_delta: DeltaSink | None = None,
+    ) -> ModelReply:
+        raise self.error
+
+
+def model_adapter_for(
+    version: AgentVersion, *, tenant_id: Any, replies_consumed: int
+) -> ModelAdapter:
+    """The model client of the version's endpoint, with its key from the
+    tenant's secret store; an `UnavailableModel` when it cannot be built (a key
+    secret that is not set: the run's model error names it)."""
+    endpoint = version.endpoint
+    api_key = NO_API_KEY
+    if endpoint.api_key_secret:
+        try:
+            api_key = secret_value(tenant_id=tenant_id, name=endpoint.api_key_secret)
+        except SecretMissing as missing:  # unreadable ones too: the message says
+            return UnavailableModel(
+                endpoint.kind,
+                ModelError(
+                    "missing_secret",
+                    f"the key of model endpoint {endpoint.slug!r}: {missing}; an "
+                    "admin sets it on the Secrets page",
+                ),
+            )
+    try:
+        return build_model_adapter(
+            endpoint.kind,
+            model=version.model,
+            script=version.script,
+            script_position=replies_consumed,
+            api_key=api_key,
+            base_url=endpoint.base_url or None,
+            deadline_seconds=settings.RUN_MODEL_DEADLINE_SECONDS,
+            options={
+                name: value
+                for name, value in endpoint.options.items()
+                if name in ADAPTER_OPTIONS
+            },
+        )
+    # The SDKs raise their own exception types for a configuration they refuse.
+    except Exception as exc:  # noqa: BLE001 - reported as the run's model error
+        return UnavailableModel(
+            endpoint.kind,
+            ModelError(
+                "configuration",
+                f"the model client of endpoint {endpoint.slug!r} could not be "
+                f"built: {exc}",
+            ),
+        )
 
 
 def runtime_for(
@@ -95,10 +169,13 @@ def runtime_for(
     price: PriceLookup | None = None,
 ) -> RunRuntime:
     """`budget`: the run's tenant's (`budget_of`), read by the caller; `price`:
-    the agent's model's, if the caller read it."""
-    agent = run.agent
+    the version's model's, if the caller read it. Everything comes from the
+    version the run pinned at its start, never from the agent's current one."""
+    version = run.agent_version
+    if version is None:
+        raise ValueError(f"run {run.id} has no agent version: it is not run here")
     if price is None:
-        price = model_price_for(model=agent.model, tenant_id=run.tenant_id)
+        price = model_price_for(model=version.model, tenant_id=run.tenant_id)
     # A ceiling lowered mid-run applies from the next step on; approved budget
     # extensions raise the caps from there.
     limits = limits_with_extensions(
@@ -107,8 +184,8 @@ def runtime_for(
     )
     return RunRuntime(
         config=AgentConfig(
-            name=agent.slug,
-            system_prompt=agent.system_prompt,
+            name=run.agent.slug,
+            system_prompt=version.system_prompt,
             reserve_output_tokens=settings.RUN_RESERVE_OUTPUT_TOKENS,
             price=price.price,
             retry=RetryPolicy(
@@ -116,11 +193,15 @@ def runtime_for(
                 backoff_seconds=settings.RUN_TOOL_RETRY_BACKOFF_SECONDS,
             ),
         ),
-        registry=tool_registry_for(agent.tool_names, tenant_id=run.tenant_id),
-        model=model_adapter_for(agent, replies_consumed=replies_consumed),
+        registry=tool_registry_for(
+            version.tools, tenant_id=run.tenant_id, tool_settings=version.tool_settings
+        ),
+        model=model_adapter_for(
+            version, tenant_id=run.tenant_id, replies_consumed=replies_consumed
+        ),
         policy=import_string(settings.RUN_POLICY_HOOK),
         limits=limits,
-        evaluator=evaluator_for(agent.evaluator),
+        evaluator=evaluator_for(version.evaluator),
         price_known=price.known,
         budget=budget,
     )

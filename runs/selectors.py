@@ -14,13 +14,25 @@ from budgets.periods import bucket_start
 from budgets.selectors import budget_of
 from budgets.services import budget_usage
 from controlplane.models import Tenant
-from runs.models import Agent, McpServer, McpTool, Run, Step, ToolCall
+from runs.models import (
+    Agent,
+    AgentVersion,
+    McpServer,
+    McpTool,
+    ModelEndpoint,
+    Run,
+    Step,
+    ToolCall,
+)
+from runs.services.agent_validation import version_config_of
 
 
 def run_list_for(
     *, tenant: Tenant, status: str | None = None, agent: str | None = None
 ) -> QuerySet[Run]:
-    runs = Run.objects.filter(tenant=tenant).select_related("agent", "started_by")
+    runs = Run.objects.filter(tenant=tenant).select_related(
+        "agent", "agent_version", "started_by"
+    )
     if status:
         runs = runs.filter(status=status)
     if agent:
@@ -46,7 +58,7 @@ def run_get_for(*, tenant: Tenant, run_id: str | uuid.UUID) -> Run | None:
         return None
     return (
         Run.objects.filter(tenant=tenant, id=key)
-        .select_related("agent", "started_by")
+        .select_related("agent", "agent_version", "started_by")
         .prefetch_related(
             Prefetch(
                 "step_rows",
@@ -62,7 +74,56 @@ def run_get_for(*, tenant: Tenant, run_id: str | uuid.UUID) -> Run | None:
 
 
 def agent_list_for(*, tenant: Tenant) -> QuerySet[Agent]:
-    return Agent.objects.filter(tenant=tenant).order_by("slug")
+    """The tenant's agents that are not deleted, disabled ones included."""
+    return (
+        Agent.objects.filter(tenant=tenant, deleted_at__isnull=True)
+        .select_related(
+            "current_version__endpoint", "current_version__fallback_endpoint"
+        )
+        .order_by("slug")
+    )
+
+
+def agent_get_for(*, tenant: Tenant, agent_id: Any) -> Agent | None:
+    """The tenant's agent (not deleted), or None: absent, another tenant's, or
+    not an id."""
+    try:
+        key = uuid.UUID(str(agent_id))
+    except ValueError:
+        return None
+    return agent_list_for(tenant=tenant).filter(id=key).first()
+
+
+def agent_versions_for(*, agent: Agent) -> QuerySet[AgentVersion]:
+    return (
+        AgentVersion.objects.filter(agent=agent)
+        .select_related("endpoint", "fallback_endpoint", "created_by")
+        .order_by("-number")
+    )
+
+
+def model_endpoint_list_for(*, tenant: Tenant) -> QuerySet[ModelEndpoint]:
+    return ModelEndpoint.objects.filter(tenant=tenant).order_by("slug")
+
+
+def model_endpoint_get_for(*, tenant: Tenant, endpoint_id: Any) -> ModelEndpoint | None:
+    try:
+        key = uuid.UUID(str(endpoint_id))
+    except ValueError:
+        return None
+    return model_endpoint_list_for(tenant=tenant).filter(id=key).first()
+
+
+def agent_versions_compare(
+    older: AgentVersion, newer: AgentVersion
+) -> list[dict[str, Any]]:
+    """Field by field, what differs between two versions' configurations."""
+    a, b = version_config_of(older), version_config_of(newer)
+    return [
+        {"field": name, "a": a[name], "b": b[name]}
+        for name in AgentVersion.CONFIG_FIELDS
+        if a[name] != b[name]
+    ]
 
 
 def tenant_budget_usage(*, tenant: Tenant) -> dict[str, Any]:

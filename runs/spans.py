@@ -116,6 +116,18 @@ def _run_attributes(run: Run) -> dict[str, Any]:
     return {RUN_ID_KEY: str(run.id), TENANT_ID_KEY: str(run.tenant_id)}
 
 
+def _version_attributes(run: Run) -> dict[str, Any]:
+    """The model the run's pinned agent version calls, and which version it is."""
+    version = run.agent_version
+    if version is None:
+        return {}
+    return {
+        "gen_ai.provider.name": version.endpoint.kind,
+        "gen_ai.request.model": version.model,
+        "cp.agent.version": version.number,
+    }
+
+
 def _traced(run: Run) -> bool:
     if len(run.trace_id) != 32:
         return False
@@ -163,8 +175,7 @@ def _root_start(run: Run) -> None:
                 "gen_ai.operation.name": "invoke_agent",
                 "gen_ai.agent.name": agent.slug,
                 "gen_ai.agent.id": str(agent.id),
-                "gen_ai.provider.name": agent.model_adapter,
-                "gen_ai.request.model": agent.model,
+                **_version_attributes(run),
                 "gen_ai.conversation.id": str(run.id),
                 "gen_ai.input.messages": _json(
                     [{"role": "user", "content": run.input}]
@@ -423,11 +434,11 @@ def chat_span(
         yield ChatRecorder(trace.INVALID_SPAN)
         return
     agent = run.agent
+    version = _version_attributes(run)
     attributes: dict[str, Any] = {
         **_run_attributes(run),
         "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": agent.model_adapter,
-        "gen_ai.request.model": agent.model,
+        **version,
         "gen_ai.agent.name": agent.slug,
         "gen_ai.input.messages": messages_json,
         "gen_ai.tool.definitions": _json(list(tools)),
@@ -436,7 +447,9 @@ def chat_span(
         attributes["gen_ai.request.max_tokens"] = max_tokens
     with (
         tracer().start_as_current_span(
-            f"chat {agent.model}", kind=SpanKind.CLIENT, attributes=attributes
+            f"chat {version.get('gen_ai.request.model', '')}",
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
         ) as span,
         span_batch_flush_if_slow(),
     ):  # visible while a slow model works

@@ -12,6 +12,51 @@ from runs import (
 
 urlpatterns = [
     path("agents/", agents_api.AgentListApi.as_view(), name="api-agents"),
+    path(
+        "agents/<uuid:agent_id>/",
+        agents_api.AgentDetailApi.as_view(),
+        name="api-agent",
+    ),
+    path(
+        "agents/<uuid:agent_id>/disable/",
+        agents_api.AgentDisableApi.as_view(),
+        name="api-agent-disable",
+    ),
+    path(
+        "agents/<uuid:agent_id>/enable/",
+        agents_api.AgentEnableApi.as_view(),
+        name="api-agent-enable",
+    ),
+    path(
+        "agents/<uuid:agent_id>/versions/",
+        agents_api.AgentVersionListApi.as_view(),
+        name="api-agent-versions",
+    ),
+    path(
+        "agents/<uuid:agent_id>/versions/compare/",
+        agents_api.AgentVersionCompareApi.as_view(),
+        name="api-agent-versions-compare",
+    ),
+    path(
+        "agents/<uuid:agent_id>/versions/<int:number>/",
+        agents_api.AgentVersionDetailApi.as_view(),
+        name="api-agent-version",
+    ),
+    path(
+        "agents/<uuid:agent_id>/versions/<int:number>/restore/",
+        agents_api.AgentVersionRestoreApi.as_view(),
+        name="api-agent-version-restore",
+    ),
+    path(
+        "model-endpoints/",
+        agents_api.ModelEndpointListApi.as_view(),
+        name="api-model-endpoints",
+    ),
+    path(
+        "model-endpoints/<uuid:endpoint_id>/",
+        agents_api.ModelEndpointDetailApi.as_view(),
+        name="api-model-endpoint",
+    ),
     path("stats/", api.StatsApi.as_view(), name="api-stats"),
     path("runs/", api.RunListApi.as_view(), name="api-runs"),
     path("runs/<str:run_id>/", api.RunDetailApi.as_view(), name="api-run"),

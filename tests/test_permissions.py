@@ -15,7 +15,7 @@ from controlplane.models import ApiToken, Membership, Role
 from controlplane.permissions import MATRIX, Action, role_may
 from controlplane.secrets import secret_exists, secret_set
 from controlplane.services import api_token_issue, api_token_revoke
-from runs.models import McpServer, Run
+from runs.models import McpServer, ModelEndpoint, Run
 from runs.services import run_cancel, run_start
 from tests.runs import conftest as runs_fixtures
 
@@ -40,6 +40,7 @@ EXPECTED = {
     Action.TRACE_INGEST:      (True,  True,  False),
     Action.AGENT_READ:        (True,  True,  True),
     Action.MCP_WRITE:         (True,  False, False),
+    Action.AGENT_WRITE:       (True,  False, False),
     Action.TENANT_READ:       (True,  True,  True),
     Action.TOKEN_MANAGE:      (True,  True,  True),
     Action.MEMBER_MANAGE:     (True,  False, False),
@@ -180,6 +181,7 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
         assert (response.status_code == 200) == Run.objects.exists()
     elif action is Action.AGENT_READ:
         response = api.get("/api/v1/agents/")
+        assert api.get("/api/v1/model-endpoints/").status_code == response.status_code
     elif action is Action.MCP_WRITE:
         server = McpServer.objects.create(
             tenant=tenant, slug="files", name="Files", transport="stdio",
@@ -189,6 +191,12 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
         response = api.patch(f"/api/v1/mcp-servers/{server.id}/", body, format="json")
         server.refresh_from_db()
         assert (server.name == "Renamed") == (response.status_code == 200)
+    elif action is Action.AGENT_WRITE:
+        body = {"slug": "local", "name": "Local", "kind": "scripted"}
+        response = api.post("/api/v1/model-endpoints/", body, format="json")
+        assert ModelEndpoint.objects.filter(slug="local").exists() == (
+            response.status_code == 201
+        )
     elif action is Action.TENANT_READ:
         response = api.get("/api/v1/me/")
     elif action is Action.TOKEN_MANAGE:

@@ -40,22 +40,18 @@ EXTERNAL_STOP_REASON = "external"
 
 def _external_agent(*, tenant: Tenant, service: str) -> Agent:
     slug = ("external-" + (slugify(service) or "agent"))[:64]
-    agent = Agent.objects.filter(tenant=tenant, slug=slug).first()
+    live = Agent.objects.filter(tenant=tenant, slug=slug, deleted_at__isnull=True)
+    agent = live.first()
     if agent is not None:
         return agent
     try:
         with transaction.atomic():
+            # No version: it runs nowhere here, it only names the runs.
             return Agent.objects.create(
-                tenant=tenant,
-                slug=slug,
-                name=f"External: {service}"[:200],
-                model_adapter=Agent.Adapter.SCRIPTED,
-                model="external",
-                tool_names=[],
-                script=[],
+                tenant=tenant, slug=slug, name=f"External: {service}"[:200]
             )
     except IntegrityError:
-        return Agent.objects.get(tenant=tenant, slug=slug)
+        return live.get()
 
 
 def run_external_for_trace(

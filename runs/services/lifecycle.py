@@ -60,9 +60,23 @@ def run_start(
     started_by: User | None,
     limits: dict[str, Any] | None = None,
 ) -> Run:
-    agent = Agent.objects.filter(tenant=tenant, slug=agent_slug).first()
+    agent = (
+        Agent.objects.filter(tenant=tenant, slug=agent_slug, deleted_at__isnull=True)
+        .select_related("current_version")
+        .first()
+    )
     if agent is None:
         raise RunInputError("agent", f"no agent {agent_slug!r} in this tenant")
+    if agent.disabled:
+        raise RunInputError(
+            "agent", f"agent {agent_slug!r} is disabled; an admin may enable it"
+        )
+    version = agent.current_version
+    if version is None:
+        raise RunInputError(
+            "agent",
+            f"agent {agent_slug!r} records runs sent over OTLP; it is not run here",
+        )
     if not input.strip():
         raise RunInputError("input", "the input is empty")
     if len(input) > settings.RUN_MAX_INPUT_CHARS:
@@ -73,15 +87,16 @@ def run_start(
         )
     try:
         caps = effective_limits(
-            agent, limits or {}, ceiling=tenant_run_ceiling(tenant.pk)
+            version, limits or {}, ceiling=tenant_run_ceiling(tenant.pk)
         )
     except (ValueError, ArithmeticError, TypeError) as exc:
         raise RunInputError("limits", str(exc)) from exc
-    config = AgentConfig(name=agent.slug, system_prompt=agent.system_prompt)
+    config = AgentConfig(name=agent.slug, system_prompt=version.system_prompt)
     state = EngineState.start(config, input)
     run = Run.objects.create(
         tenant=tenant,
         agent=agent,
+        agent_version=version,
         input=input,
         started_by=started_by,
         limits=caps.to_dict(),
@@ -94,7 +109,11 @@ def run_start(
         action="run.start",
         object_type="run",
         object_id=str(run.id),
-        after={"agent": agent.slug, "limits": caps.to_dict()},
+        after={
+            "agent": agent.slug,
+            "agent_version": version.number,
+            "limits": caps.to_dict(),
+        },
     )
     transaction.on_commit(metrics.run_started)
     refusal = budget_admit_run(run=run)
@@ -124,7 +143,7 @@ class Lease(NamedTuple):
     # this is a redelivery): what it left running must be swept.
     taken_over: bool
     budget: Budget | None  # the tenant's, read with the lease
-    price: PriceLookup  # of the agent's model, read with the lease
+    price: PriceLookup  # of the pinned version's model, read with the lease
 
 
 def lease_acquire(
@@ -138,9 +157,13 @@ def lease_acquire(
     # The tenant's budget comes with the run (a join, where it was a query of
     # its own after the lease).
     run = (
-        Run.objects.select_related("agent", "tenant__budget").filter(id=run_id).first()
+        Run.objects.select_related("agent", "agent_version__endpoint", "tenant__budget")
+        .filter(id=run_id)
+        .first()
     )
     if run is None or str(run.step_token) != step_token:
+        return None
+    if run.agent_version is None:  # sent over OTLP: never advanced here
         return None
     if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING):
         return None
@@ -168,7 +191,7 @@ def lease_acquire(
     taken_over = bool(run.lease_owner)
     for name, value in changes.items():
         setattr(run, name, value)
-    price = model_price_for(model=run.agent.model, tenant_id=run.tenant_id)
+    price = model_price_for(model=run.agent_version.model, tenant_id=run.tenant_id)
     # A tenant without a budget: the reverse one-to-one raises DoesNotExist,
     # an AttributeError, without a query (select_related cached its absence).
     budget: Budget | None = getattr(run.tenant, "budget", None)

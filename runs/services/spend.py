@@ -65,7 +65,7 @@ def budget_before_model_call(
                 run,
                 BudgetRefusal(
                     UNKNOWN_PRICE,
-                    f"the price of model {run.agent.model!r} is unknown, so the "
+                    f"the price of model {_model_of(run)!r} is unknown, so the "
                     "cost of this run cannot be bounded",
                 ),
             )
@@ -229,3 +229,7 @@ def budget_run_cap_refused_event(*, run: Run, ask: ExtensionAsk) -> None:
         {"dimension": ask.dimension, "detail": ask.detail, "kind": "run_cap",
          "action": "ask"},
     )  # fmt: skip
+
+
+def _model_of(run: Run) -> str:
+    return run.agent_version.model if run.agent_version else ""

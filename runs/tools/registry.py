@@ -1,12 +1,14 @@
 """Every built-in tool by name, and an agent's tools from its refs: a built-in
-tool's name, or `mcp:<server_slug>/<tool_name>` for a tenant's MCP tool."""
+tool's name, or `mcp:<server_slug>/<tool_name>` for a tenant's MCP tool
+(docs/agents.md, Tool refs)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from runs.engine.contracts import ToolContract
+from runs.engine.contracts import ApprovalNeed, ToolContract
 from runs.engine.tools import Tool, ToolRegistry
 from runs.tools.echo import ECHO_TOOL
 from runs.tools.mcp import (
@@ -24,10 +26,17 @@ BUILTIN_TOOLS: dict[str, Tool] = {
 
 
 def _configured(name: str, settings: Mapping[str, Any] | None) -> Tool:
-    """A built-in tool as the agent's `tool_settings[name]` configures it."""
+    """A built-in tool as the agent's `tool_settings[name]` configures it: its
+    egress (run_code) and the agent's approval override, which the tenant's
+    policy reads from the contract (runs.services.policy)."""
+    tool = BUILTIN_TOOLS[name]
     if name == RUN_CODE_TOOL.name:
-        return run_code_tool(settings)  # its egress allowlist and credentials
-    return BUILTIN_TOOLS[name]
+        tool = run_code_tool(settings)  # its egress allowlist and credentials
+    approval = (settings or {}).get("approval")
+    if approval in (ApprovalNeed.ALWAYS, ApprovalNeed.NEVER):
+        contract = dataclasses.replace(tool.contract, approval=ApprovalNeed(approval))
+        tool = dataclasses.replace(tool, contract=contract)
+    return tool
 
 
 def tool_registry_for(

@@ -24,9 +24,10 @@ from controlplane.celery import app as celery_app
 from controlplane.models import IdempotencyKey
 from controlplane.services import api_token_issue
 from controlplane.tasks import idempotency_keys_purge_task
-from runs.models import Agent, Run
+from runs.models import Run
 from runs.services import recover_stalled_runs
 from shop.models import Refund
+from tests.agents import make_agent
 from tests.approvals.conftest import REFUND_ARGS, call, script_of
 from tests.conftest import start_worker, wait_for
 from tests.frontend.conftest import DaphneServer
@@ -142,10 +143,7 @@ def test_keys_are_per_tenant(
     make_member: Any, api_client_for: Any,
 ) -> None:  # fmt: skip
     scripted_agent([{"text": "All done."}], [], slug="quick")
-    Agent.objects.create(
-        tenant=other_tenant, slug="quick", name="Quick", model_adapter="scripted",
-        model="scripted", tool_names=[], script=[{"text": "Other."}],
-    )  # fmt: skip
+    make_agent(other_tenant, "quick", name="Quick", script=[{"text": "Other."}])
     other_user = make_member(other_tenant, "otto-other", "operator")
     body = {"agent": "quick", "input": "same"}
     ours = api_client_for(operator_user, tenant).post(

@@ -16,9 +16,7 @@ from tracing.models import SpanPayload
 
 @pytest.fixture
 def agent(tenant: Any) -> Agent:
-    return Agent.objects.create(
-        tenant=tenant, slug="a", name="a", model_adapter="scripted", model="m"
-    )
+    return Agent.objects.create(tenant=tenant, slug="a", name="a")
 
 
 def synchronous_commit() -> str | None:

@@ -19,7 +19,8 @@ import pytest
 from django.db import connection
 
 from controlplane.services import api_token_issue
-from runs.models import Agent, Run
+from runs.models import Run
+from tests.agents import make_agent
 from tests.conftest import database_url_for_subprocess
 from tests.frontend.conftest import DaphneServer
 
@@ -62,10 +63,7 @@ def request(
 def test_32_concurrent_clients_get_no_5xx_within_the_connection_budget(
     operator_user: Any, tenant: Any, tmp_path: Path
 ) -> None:
-    Agent.objects.create(
-        tenant=tenant, slug="quick", name="Quick", model_adapter="scripted",
-        model="scripted", tool_names=[], script=[{"text": "All done."}],
-    )  # fmt: skip
+    make_agent(tenant, "quick", name="Quick", script=[{"text": "All done."}])
     secret = api_token_issue(tenant=tenant, user=operator_user).secret
     application_name = f"cp-test-web-{uuid.uuid4().hex[:8]}"
     database_url = database_url_for_subprocess()

@@ -13,8 +13,9 @@ from playwright.sync_api import expect
 
 from approvals.models import ApprovalRequest
 from runs.demo import DEMO_SCRIPT
-from runs.models import Agent, Run, ToolCall
+from runs.models import Run, ToolCall
 from runs.services import run_start
+from tests.agents import make_agent
 from tests.conftest import wait_for
 from tests.frontend.test_browser import shop, waiting_run
 
@@ -191,9 +192,8 @@ def test_decisions_show_on_the_node_and_in_the_header(
 def test_an_unverified_run_reads_as_unverified_not_as_an_error(
     tenant: Any, operator_user: Any, open_page: Any, ui_worker: Any
 ) -> None:
-    Agent.objects.create(
-        tenant=tenant, slug="no-evaluator", name="No evaluator",
-        model_adapter="scripted", model="scripted", tool_names=["echo"],
+    make_agent(
+        tenant, "no-evaluator", name="No evaluator", tools=["echo"],
         script=[{"text": "done here"}],
     )  # fmt: skip
     run = finished(

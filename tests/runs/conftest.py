@@ -5,9 +5,13 @@ from typing import Any
 
 import pytest
 
+from controlplane.secrets import secret_delete, secret_set
 from runs.demo import demo_seed_shop
 from runs.models import Agent, Run
 from runs.services import run_advance
+from tests.agents import make_agent
+
+MISSING_KEY = "KEYLESS_MODEL_KEY"
 
 
 @pytest.fixture
@@ -26,18 +30,29 @@ def scripted_agent(tenant: Any) -> Any:
     """Build an agent on the scripted model with the given replies and tools."""
 
     def build(script: list[dict[str, Any]], tools: list[str], **fields: Any) -> Agent:
-        return Agent.objects.create(
-            tenant=tenant,
-            slug=fields.pop("slug", "scripted"),
-            name="Scripted",
-            model_adapter="scripted",
-            model="scripted",
-            tool_names=tools,
+        fields.setdefault("name", "Scripted")
+        return make_agent(
+            tenant,
+            fields.pop("slug", "scripted"),
+            tools=tools,
             script=script,
             **fields,
         )
 
     return build
+
+
+@pytest.fixture
+def keyless_agent(tenant: Any) -> Agent:
+    """`keyless`: an OpenAI-compatible agent whose endpoint's key secret is not
+    set (it was when the endpoint was defined, then deleted)."""
+    secret_set(tenant=tenant, name=MISSING_KEY, value="sk-soon-gone-123", actor=None)
+    agent = make_agent(
+        tenant, "keyless", kind="openai", model="gpt-4o-mini",
+        base_url="http://127.0.0.1:9/v1", api_key_secret=MISSING_KEY,
+    )  # fmt: skip
+    secret_delete(tenant=tenant, name=MISSING_KEY, actor=None)
+    return agent
 
 
 def drive(run: Run, *, max_tasks: int = 200, beside_a_worker: bool = False) -> Run:

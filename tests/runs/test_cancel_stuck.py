@@ -10,21 +10,9 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from runs.models import Agent, Run
+from runs.models import Run
 from runs.services import recover_stalled_runs, run_advance
 from runs.services.lifecycle import lease_acquire
-
-UNSET_KEY = "CP_TEST_NEVER_SET_MODEL_KEY"
-
-
-@pytest.fixture
-def keyless_agent(tenant, monkeypatch):
-    monkeypatch.delenv(UNSET_KEY, raising=False)
-    return Agent.objects.create(
-        tenant=tenant, slug="keyless", name="Keyless", model_adapter="openai",
-        model="gpt-4o-mini", base_url="http://127.0.0.1:9/v1",
-        api_key_env=UNSET_KEY, tool_names=[],
-    )  # fmt: skip
 
 
 @pytest.fixture

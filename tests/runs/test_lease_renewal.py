@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from runs.models import Agent, Run, Step, ToolCall
+from runs.models import Run, Step, ToolCall
 from runs.services import recover_stalled_runs, run_start
+from tests.agents import make_agent
 from tests.conftest import start_worker, wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -121,18 +122,14 @@ def test_a_model_call_longer_than_the_lease_is_made_once_while_recovery_sweeps(
     shop, slow_model, tmp_path, settings
 ):
     settings.RUN_LEASE_SECONDS = LEASE_SECONDS  # the sweep in this process
-    agent = Agent.objects.create(
-        tenant=shop, slug="slow", name="Slow", model_adapter="openai", model=MODEL,
-        base_url=slow_model.base_url, api_key_env="SLOW_MODEL_KEY",
-        tool_names=["lookup_order"],
+    agent = make_agent(
+        shop, "slow", name="Slow", kind="openai", model=MODEL,
+        base_url=slow_model.base_url, tools=["lookup_order"],
     )  # fmt: skip
     worker = start_worker(
         tmp_path,
         concurrency=2,  # a second process is free to take the run over
-        extra_env={
-            "RUN_LEASE_SECONDS": str(LEASE_SECONDS),
-            "SLOW_MODEL_KEY": "sk-test-not-a-secret",
-        },
+        extra_env={"RUN_LEASE_SECONDS": str(LEASE_SECONDS)},
     )
     sweeps: list[tuple[float, int]] = []  # (how long the call had run, recovered)
     try:
@@ -171,18 +168,16 @@ def test_a_model_call_longer_than_the_lease_is_made_once_while_recovery_sweeps(
     )
 
 
-def test_the_openai_adapter_of_a_run_gets_the_configured_deadline(
-    shop, settings, monkeypatch
-):
+def test_the_openai_adapter_of_a_run_gets_the_configured_deadline(shop, settings):
     from runs.runtime import model_adapter_for
 
     settings.RUN_MODEL_DEADLINE_SECONDS = 42.0
-    monkeypatch.setenv("REMOTE_MODEL_KEY", "sk-test-not-a-secret")
-    agent = Agent.objects.create(
-        tenant=shop, slug="remote", name="Remote", model_adapter="openai",
-        model=MODEL, base_url="http://127.0.0.1:9/v1", api_key_env="REMOTE_MODEL_KEY",
-    )  # fmt: skip
-    adapter = model_adapter_for(agent, replies_consumed=0)
+    agent = make_agent(
+        shop, "remote", kind="openai", model=MODEL, base_url="http://127.0.0.1:9/v1"
+    )
+    adapter = model_adapter_for(
+        agent.current_version, tenant_id=shop.pk, replies_consumed=0
+    )
     assert getattr(adapter, "deadline_seconds", None) == 42.0
 
 

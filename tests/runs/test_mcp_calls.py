@@ -234,10 +234,17 @@ def test_a_server_gone_at_call_time_is_an_error_observation(
 def test_a_disabled_or_unknown_mcp_tool_is_not_offered(
     tenant, registered, scripted_agent, drive_run
 ):
+    from runs.services.agent_validation import DefinitionError
+
     McpTool.objects.filter(name="warranty_lookup").update(status="changed")
     script = one_call("warranty_warranty_lookup", {"order_id": "4821"})
-    refs = ["mcp:warranty/warranty_lookup", "mcp:nowhere/nothing"]
-    run = drive_run(start(tenant, scripted_agent, refs, script))
+    # An unknown ref is refused when the agent is defined, naming it.
+    with pytest.raises(DefinitionError, match="mcp:nowhere/nothing"):
+        scripted_agent(script, ["mcp:warranty/warranty_lookup", "mcp:nowhere/nothing"])
+    # A known tool that is disabled (its definition changed) is not offered.
+    run = drive_run(
+        start(tenant, scripted_agent, ["mcp:warranty/warranty_lookup"], script)
+    )
     call = ToolCall.objects.get(run=run)
     assert call.result["error"]["code"] == "ENOTOOL"
 
@@ -245,13 +252,21 @@ def test_a_disabled_or_unknown_mcp_tool_is_not_offered(
 def test_an_mcp_server_of_another_tenant_is_not_reachable_by_ref(
     other_tenant, registered, scripted_agent, drive_run
 ):
-    from runs.models import Agent
+    from runs.models import Agent, AgentVersion
+    from runs.services.agent_validation import DefinitionError
+    from tests.agents import endpoint_for, make_agent
 
-    Agent.objects.create(
-        tenant=other_tenant, slug="scripted", name="s", model_adapter="scripted",
-        model="scripted", tool_names=["mcp:warranty/warranty_lookup"],
-        script=one_call("warranty_warranty_lookup", {"order_id": "4821"}),
+    ref = "mcp:warranty/warranty_lookup"
+    script = one_call("warranty_warranty_lookup", {"order_id": "4821"})
+    with pytest.raises(DefinitionError, match=ref):  # refused when defined...
+        make_agent(other_tenant, "scripted", tools=[ref], script=script)
+    # ...and, were such a version stored anyway, not reachable when run.
+    agent = Agent.objects.create(tenant=other_tenant, slug="scripted", name="s")
+    agent.current_version = AgentVersion.objects.create(
+        agent=agent, number=1, name="s", endpoint=endpoint_for(other_tenant),
+        model="scripted", tools=[ref], script=script,
     )  # fmt: skip
+    agent.save()
     run = drive_run(
         run_start(
             tenant=other_tenant, agent_slug="scripted", input="x", started_by=None

@@ -8,6 +8,7 @@ from typing import Any
 from approvals.models import ApprovalRequest
 from runs.models import Run
 from runs.services import run_start
+from runs.services.agents import agent_update
 from runs.spans import root_span_id
 from tests.approvals.conftest import (
     REFUND_ARGS,
@@ -98,8 +99,12 @@ def test_a_run_its_evaluator_failed_says_why_not_done(
     shop_agent: Any, operator_user: Any, api_client_for: Any
 ) -> None:
     agent = shop_agent(script_of(call("lookup_order", {"order_id": "4821"})))
-    agent.evaluator = "kettlecraft_replacement"
-    agent.save()
+    agent_update(
+        agent=agent,
+        actor=None,
+        config={"evaluator": "kettlecraft_replacement"},
+        partial=True,
+    )
     run = drive(
         run_start(
             tenant=agent.tenant, agent_slug=agent.slug, input="x", started_by=None

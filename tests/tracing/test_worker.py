@@ -55,31 +55,22 @@ def test_spans_from_a_worker_process_form_the_runs_tree(
     )
 
 
-@pytest.fixture
-def model_key_env(monkeypatch: pytest.MonkeyPatch) -> str:
-    """An API key variable the worker started next inherits."""
-    monkeypatch.setenv("CP_TEST_MODEL_KEY", "test-key")
-    return "CP_TEST_MODEL_KEY"
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_slow_model_call_shows_its_span_running_while_it_works(
-    tenant: Any, model_key_env: str, celery_worker_process: Any
+    tenant: Any, celery_worker_process: Any
 ) -> None:
     """A call still running after TRACING_SLOW_CALL_MS has its span stored at
     once (from a timer thread); a fast one's start is stored with its end."""
-    from runs.models import Agent
+    from tests.agents import make_agent
     from tests.engine.test_engine_openai_adapter import MODEL, FakeProvider, completion
 
     provider = FakeProvider()
     provider.thread.start()
     try:
         provider.push(200, completion(content="slow answer"), delay=3.0)
-        Agent.objects.create(
-            tenant=tenant, slug="slow", name="slow", model_adapter="openai",
-            model=MODEL, base_url=provider.base_url, api_key_env=model_key_env,
-            tool_names=[],
-        )  # fmt: skip
+        make_agent(
+            tenant, "slow", kind="openai", model=MODEL, base_url=provider.base_url
+        )
         run = run_start(tenant=tenant, agent_slug="slow", input="hi", started_by=None)
         deadline = time.monotonic() + 20
         running = None

@@ -203,7 +203,8 @@ function renderRun() {
     loadApprovalsSoon(); // a finished run's approvals may have been cancelled
   }
   document.getElementById("run-status").replaceChildren(statusBadge(run.status));
-  document.getElementById("run-title").textContent = `${run.agent} · ${run.id.slice(0, 8)}`;
+  const version = run.agent_version ? ` v${run.agent_version}` : "";
+  document.getElementById("run-title").textContent = `${run.agent}${version} · ${run.id.slice(0, 8)}`;
   const end = run.finished_at;
   const facts = [
     ["Input", run.input], ["Started by", run.started_by || "–"], ["Created", when(run.created_at)],

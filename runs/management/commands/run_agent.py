@@ -92,7 +92,9 @@ class Command(BaseCommand):
             )
 
     def _tenant(self, agent_slug: str, tenant_slug: str | None) -> Tenant:
-        agents = Agent.objects.filter(slug=agent_slug).select_related("tenant")
+        agents = Agent.objects.filter(
+            slug=agent_slug, deleted_at__isnull=True
+        ).select_related("tenant")
         if tenant_slug:
             agents = agents.filter(tenant__slug=tenant_slug)
         found = list(agents[:2])

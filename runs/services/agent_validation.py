@@ -1,0 +1,360 @@
+"""Checks of an agent version's configuration and of a model endpoint, each
+problem named by the field to fix (docs/agents.md).
+
+Shapes are checked here too, not only by the API's serializers: the demo
+seeder, management commands and tests create agents through the same services.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from decimal import InvalidOperation
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import URLValidator, validate_slug
+
+from controlplane.models import Tenant
+from controlplane.secrets import secret_exists, secret_name_problem
+from runs.engine.budget import BudgetLimits
+from runs.evaluators import EVALUATORS
+from runs.models import AgentVersion, ModelEndpoint
+from runs.tools.egress import CREDENTIALS, NETWORK, egress_settings_errors
+from runs.tools.registry import unknown_tool_refs
+
+APPROVAL_CHOICES = ("policy", "always", "never")
+EGRESS_KEYS = (NETWORK, CREDENTIALS)  # checked by runs.tools.egress
+TOOL_SETTING_KEYS = ("approval", *EGRESS_KEYS)
+MAX_TOOLS = 200
+MAX_MODELS = 50
+MAX_PROMPT_CHARS = 100_000
+MAX_SCRIPT_REPLIES = 1_000
+
+
+class DefinitionError(ValueError):
+    """An agent or endpoint definition is invalid; a message per field. Nothing
+    was written."""
+
+    def __init__(self, fields: dict[str, list[str]]) -> None:
+        super().__init__("; ".join(f"{k}: {', '.join(v)}" for k, v in fields.items()))
+        self.fields = fields
+
+
+class Problems:
+    def __init__(self) -> None:
+        self.fields: dict[str, list[str]] = {}
+
+    def add(self, field: str, message: str) -> None:
+        self.fields.setdefault(field, []).append(message)
+
+    def raise_any(self) -> None:
+        if self.fields:
+            raise DefinitionError(self.fields)
+
+
+def _text(
+    problems: Problems, field: str, value: Any, *, limit: int, required: bool
+) -> str:
+    if not isinstance(value, str):
+        problems.add(field, "must be a string")
+        return ""
+    if required and not value.strip():
+        problems.add(field, "may not be blank")
+    if len(value) > limit:
+        problems.add(field, f"has {len(value)} characters; at most {limit}")
+    return value
+
+
+def _tool_settings(
+    problems: Problems, value: Any, tools: list[str], tenant: Tenant
+) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, dict):
+        problems.add("tool_settings", "must be an object: tool ref -> settings")
+        return {}
+    for ref, settings in value.items():
+        where = f"tool_settings[{ref}]"
+        if ref not in tools:
+            problems.add("tool_settings", f"{ref!r} is not one of the agent's tools")
+            continue
+        if not isinstance(settings, dict):
+            problems.add("tool_settings", f"{where} must be an object")
+            continue
+        for key in sorted(set(settings) - set(TOOL_SETTING_KEYS)):
+            hint = (
+                "quotas come from the tool's contract (cost.quota)"
+                if key == "quota"
+                else f"known keys: {', '.join(TOOL_SETTING_KEYS)}"
+            )
+            problems.add("tool_settings", f"{where}: unknown key {key!r}; {hint}")
+        approval = settings.get("approval", "policy")
+        if approval not in APPROVAL_CHOICES:
+            problems.add(
+                "tool_settings",
+                f"{where}.approval must be one of {', '.join(APPROVAL_CHOICES)}",
+            )
+        for path, why in egress_settings_errors(
+            {k: v for k, v in settings.items() if k in EGRESS_KEYS},
+            field=where,
+            tenant_id=tenant.pk,
+        ).items():
+            problems.add("tool_settings", f"{path}: {why}")
+    return value
+
+
+def _string_list(problems: Problems, field: str, value: Any, limit: int) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.add(field, "must be a list of strings")
+        return []
+    if len(value) > limit:
+        problems.add(field, f"has {len(value)} entries; at most {limit}")
+    if len(set(value)) != len(value):
+        problems.add(field, "lists an entry twice")
+    for item in value:
+        if not item.strip() or len(item) > 200:
+            problems.add(field, f"{item!r} must be 1-200 characters")
+    return value
+
+
+def _endpoint(
+    problems: Problems, field: str, value: Any, tenant: Tenant
+) -> ModelEndpoint | None:
+    if isinstance(value, ModelEndpoint):
+        value = value.slug
+    if not isinstance(value, str):
+        problems.add(field, "must be a model endpoint's slug")
+        return None
+    found = ModelEndpoint.objects.filter(tenant=tenant, slug=value).first()
+    if found is None:
+        problems.add(field, f"no model endpoint {value!r} in this tenant")
+    return found
+
+
+def version_config_of(version: AgentVersion) -> dict[str, Any]:
+    """The version's configuration as an API client writes it (endpoints by slug)."""
+    return {
+        "name": version.name,
+        "endpoint": version.endpoint.slug,
+        "model": version.model,
+        "fallback_endpoint": (
+            version.fallback_endpoint.slug if version.fallback_endpoint else None
+        ),
+        "fallback_model": version.fallback_model,
+        "evaluated_models": list(version.evaluated_models),
+        "system_prompt": version.system_prompt,
+        "tools": list(version.tools),
+        "tool_settings": dict(version.tool_settings),
+        "default_limits": dict(version.default_limits),
+        "evaluator": version.evaluator,
+        "script": list(version.script),
+    }
+
+
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "fallback_endpoint": None,
+    "fallback_model": "",
+    "evaluated_models": [],
+    "system_prompt": "",
+    "tools": [],
+    "tool_settings": {},
+    "default_limits": {},
+    "evaluator": "",
+    "script": [],
+}
+REQUIRED_CONFIG = ("name", "endpoint", "model")
+
+
+def agent_config_validate(
+    *, tenant: Tenant, data: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The fields of a new AgentVersion from `data` over `base` (the current
+    configuration, for a partial edit); DefinitionError names every problem."""
+    problems = Problems()
+    unknown = sorted(set(data) - set(AgentVersion.CONFIG_FIELDS))
+    for field in unknown:
+        problems.add(field, "unknown field")
+    merged = {**CONFIG_DEFAULTS, **(base or {})}
+    merged.update({k: v for k, v in data.items() if k in AgentVersion.CONFIG_FIELDS})
+    for field in REQUIRED_CONFIG:
+        if field not in merged:
+            problems.add(field, "this field is required")
+    problems.raise_any()
+    out: dict[str, Any] = {
+        "name": _text(problems, "name", merged["name"], limit=200, required=True),
+        "model": _text(problems, "model", merged["model"], limit=200, required=True),
+        "system_prompt": _text(
+            problems,
+            "system_prompt",
+            merged["system_prompt"],
+            limit=MAX_PROMPT_CHARS,
+            required=False,
+        ),
+        "fallback_model": _text(
+            problems,
+            "fallback_model",
+            merged["fallback_model"] or "",
+            limit=200,
+            required=False,
+        ),
+        "evaluator": _text(
+            problems, "evaluator", merged["evaluator"] or "", limit=100, required=False
+        ),
+    }
+    out["endpoint"] = _endpoint(problems, "endpoint", merged["endpoint"], tenant)
+    out["fallback_endpoint"] = None
+    if merged["fallback_endpoint"] not in (None, ""):
+        out["fallback_endpoint"] = _endpoint(
+            problems, "fallback_endpoint", merged["fallback_endpoint"], tenant
+        )
+    out["evaluated_models"] = _string_list(
+        problems, "evaluated_models", merged["evaluated_models"], MAX_MODELS
+    )
+    if out["fallback_endpoint"] is not None and not out["fallback_model"]:
+        problems.add("fallback_model", "a fallback endpoint needs a fallback model")
+    if out["fallback_model"] and out["fallback_model"] not in out["evaluated_models"]:
+        problems.add(
+            "fallback_model",
+            f"{out['fallback_model']!r} is not in evaluated_models: a fallback "
+            "must be a model the agent was evaluated with",
+        )
+    tools = _string_list(problems, "tools", merged["tools"], MAX_TOOLS)
+    if tools and (unknown_refs := unknown_tool_refs(tools, tenant_id=tenant.pk)):
+        problems.add("tools", f"unknown tools: {', '.join(unknown_refs)}")
+    out["tools"] = tools
+    out["tool_settings"] = _tool_settings(
+        problems, merged["tool_settings"], tools, tenant
+    )
+    limits = merged["default_limits"]
+    try:
+        if not isinstance(limits, dict):
+            raise ValueError('must be an object of caps, e.g. {"max_steps": 20}')
+        BudgetLimits.from_dict(limits)
+    except (ValueError, TypeError, ArithmeticError, InvalidOperation) as exc:
+        problems.add("default_limits", str(exc))
+    out["default_limits"] = limits
+    if out["evaluator"] and out["evaluator"] not in EVALUATORS:
+        problems.add(
+            "evaluator",
+            f"no evaluator {out['evaluator']!r}; known: {', '.join(EVALUATORS)}",
+        )
+    script = merged["script"]
+    if not isinstance(script, list) or not all(isinstance(r, dict) for r in script):
+        problems.add("script", "must be a list of reply objects")
+    elif len(script) > MAX_SCRIPT_REPLIES:
+        problems.add("script", f"has {len(script)} replies; at most 1000")
+    out["script"] = script
+    problems.raise_any()
+    return out
+
+
+def slug_problem(value: Any) -> str | None:
+    if not isinstance(value, str) or not 1 <= len(value) <= 64:
+        return "must be a slug of 1-64 characters"
+    try:
+        validate_slug(value)
+    except DjangoValidationError:
+        return "may hold only letters, digits, hyphens and underscores"
+    return None
+
+
+def _positive_number(limit: float) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return "must be a number"
+        if not 0 < value <= limit:
+            return f"must be above 0 and at most {limit}"
+        return None
+
+    return check
+
+
+def _int_between(low: int, high: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "must be an integer"
+        if not low <= value <= high:
+            return f"must be between {low} and {high}"
+        return None
+
+    return check
+
+
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be true or false"
+
+
+# Each option an endpoint may set, with its check (runs.runtime passes the ones
+# the adapters take).
+ENDPOINT_OPTIONS: dict[str, Callable[[Any], str | None]] = {
+    "timeout_seconds": _positive_number(600),
+    "max_retries": _int_between(0, 10),
+    "stream": _boolean,
+}
+
+
+def endpoint_validate(
+    *,
+    tenant: Tenant,
+    data: Mapping[str, Any],
+    instance: ModelEndpoint | None = None,
+    partial: bool = False,
+) -> dict[str, Any]:
+    """The endpoint's fields from `data`; `instance`: the endpoint edited (over
+    whose fields a `partial` edit's data goes)."""
+    problems = Problems()
+    known = ("slug", "name", "kind", "base_url", "api_key_secret", "options")
+    for field in sorted(set(data) - set(known)):
+        problems.add(field, "unknown field")
+    base: dict[str, Any] = {"base_url": "", "api_key_secret": "", "options": {}}
+    if instance is not None and partial:
+        base = {name: getattr(instance, name) for name in known}
+    merged = {**base, **{k: v for k, v in data.items() if k in known}}
+    for field in ("slug", "name", "kind"):
+        if field not in merged:
+            problems.add(field, "this field is required")
+    problems.raise_any()
+    same_slug = ModelEndpoint.objects.filter(tenant=tenant, slug=merged["slug"])
+    if instance is not None:
+        same_slug = same_slug.exclude(pk=instance.pk)
+    if (why := slug_problem(merged["slug"])) is not None:
+        problems.add("slug", why)
+    elif same_slug.exists():
+        problems.add("slug", f"this tenant has an endpoint {merged['slug']!r}")
+    _text(problems, "name", merged["name"], limit=200, required=True)
+    kind = merged["kind"]
+    if kind not in ModelEndpoint.Kind.values:
+        problems.add("kind", f"must be one of {', '.join(ModelEndpoint.Kind.values)}")
+    base_url = _text(
+        problems, "base_url", merged["base_url"], limit=500, required=False
+    )
+    if base_url and kind == ModelEndpoint.Kind.SCRIPTED:
+        problems.add("base_url", "a scripted endpoint has no URL")
+    elif base_url:
+        try:
+            URLValidator(schemes=["http", "https"])(base_url)
+        except DjangoValidationError:
+            problems.add("base_url", "must be an http(s) URL")
+    secret = merged["api_key_secret"]
+    if secret not in ("", None) and (why := secret_name_problem(secret)):
+        problems.add("api_key_secret", why)
+    elif secret and not secret_exists(tenant_id=tenant.pk, name=secret):
+        problems.add(
+            "api_key_secret",
+            f"secret {secret!r} is not set in this tenant; set it on the Secrets "
+            "page first",
+        )
+    merged["api_key_secret"] = secret or ""
+    options = merged["options"]
+    if not isinstance(options, dict):
+        problems.add("options", "must be an object")
+    else:
+        for name, value in options.items():
+            check = ENDPOINT_OPTIONS.get(name)
+            if check is None:
+                problems.add(
+                    "options",
+                    f"unknown option {name!r}; known: {', '.join(ENDPOINT_OPTIONS)}",
+                )
+            elif (why := check(value)) is not None:
+                problems.add("options", f"{name} {why}")
+    problems.raise_any()
+    return {name: merged[name] for name in known}
