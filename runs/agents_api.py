@@ -33,6 +33,7 @@ from runs.services.agent_validation import (
 )
 
 CONFIG_FIELDS = set(AgentVersion.CONFIG_FIELDS)
+MAX_VERSION_NUMBER = 2**31 - 1
 
 
 class AgentVersionSerializer(serializers.Serializer[Any]):
@@ -292,7 +293,13 @@ class AgentVersionListApi(APIView):
 
 
 def _version_or_404(agent: Agent, number: int) -> AgentVersion:
-    version = selectors.agent_versions_for(agent=agent).filter(number=number).first()
+    # The URL's digits may be more than the column holds (a database error).
+    in_range = 1 <= number <= MAX_VERSION_NUMBER
+    version = (
+        selectors.agent_versions_for(agent=agent).filter(number=number).first()
+        if in_range
+        else None
+    )
     if version is None:
         raise NotFound(f"Agent {agent.slug} has no version {number}.")
     return version
@@ -348,8 +355,8 @@ class AgentVersionCompareApi(APIView):
     gate: Gate = {"GET": Action.AGENT_READ}
 
     class CompareQuerySerializer(serializers.Serializer[Any]):
-        a = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
-        b = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
+        a = serializers.IntegerField(min_value=1, max_value=MAX_VERSION_NUMBER)
+        b = serializers.IntegerField(min_value=1, max_value=MAX_VERSION_NUMBER)
 
     @extend_schema(
         parameters=[CompareQuerySerializer],

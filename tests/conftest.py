@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,21 +14,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-# Before prometheus-client is imported anywhere: this process and every worker it
-# starts record into one directory, and GET /metrics adds them up, as in compose.
-if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="cp-test-metrics-")
-    atexit.register(shutil.rmtree, os.environ["PROMETHEUS_MULTIPROC_DIR"], True)
+# PROMETHEUS_MULTIPROC_DIR is set by the tests.metrics_dir plugin (pyproject's
+# addopts), before pytest-django sets Django up.
+import pytest
+import redis
+from cryptography.fernet import Fernet
+from django.conf import settings
+from django.db import connection
 
-import pytest  # noqa: E402
-import redis  # noqa: E402
-from cryptography.fernet import Fernet  # noqa: E402
-from django.conf import settings  # noqa: E402
-from django.db import connection  # noqa: E402
-
-from controlplane.celery import app as celery_app  # noqa: E402
-from controlplane.embedded_redis import EmbeddedRedis  # noqa: E402
-from controlplane.redaction import known_secrets_forget  # noqa: E402
+from controlplane.celery import app as celery_app
+from controlplane.embedded_redis import EmbeddedRedis
+from controlplane.redaction import known_secrets_forget
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

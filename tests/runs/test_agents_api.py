@@ -277,6 +277,7 @@ def test_compare_names_a_version_that_does_not_exist(admin_api, agent):
     assert response.status_code == 400
     assert response.json()["error"]["fields"] == {"b": ["no version 7"]}
     assert admin_api.get(url + "7/").status_code == 404
+    assert admin_api.get(url + "99999999999999999999999/").status_code == 404
     assert admin_api.post(url + "7/restore/").status_code == 404
     assert AgentVersion.objects.count() == 1
 

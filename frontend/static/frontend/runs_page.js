@@ -21,9 +21,11 @@ async function loadAgents() {
   const startAgent = document.getElementById("start-agent");
   for (const a of agents) agentFilter.append(el("option", { value: a.slug, text: a.slug }));
   if (startAgent) {
-    startAgent.replaceChildren(el("option", { value: "", text: agents.length ? "Choose an agent" : "No agents in this tenant" }));
-    for (const a of agents) startAgent.append(el("option", { value: a.slug, text: a.name ? `${a.name} (${a.slug})` : a.slug }));
-    if (agents.length === 1) startAgent.value = agents[0].slug;
+    // Only agents a run may start from: enabled, and run here (a version).
+    const startable = agents.filter((a) => !a.disabled && a.version != null);
+    startAgent.replaceChildren(el("option", { value: "", text: startable.length ? "Choose an agent" : "No agents to run in this tenant" }));
+    for (const a of startable) startAgent.append(el("option", { value: a.slug, text: a.name ? `${a.name} (${a.slug} v${a.version})` : a.slug }));
+    if (startable.length === 1) startAgent.value = startable[0].slug;
   }
 }
 

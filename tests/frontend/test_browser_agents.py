@@ -1,0 +1,75 @@
+"""The Agents pages in real Chromium: an admin creates an agent (the server's
+refusal shown at the field), edits it into v2, compares the versions, and a new
+run's page names the version it started with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from runs.demo import demo_seed_shop
+from runs.models import Agent, AgentVersion
+from runs.services import run_start
+
+pytestmark = [pytest.mark.browser]
+
+
+def test_admin_creates_and_edits_an_agent_and_a_new_run_shows_v2(
+    tenant: Any, admin_user: Any, operator_user: Any, open_page: Any
+) -> None:
+    demo_seed_shop(tenant=tenant)  # its scripted endpoint
+    page = open_page(admin_user, "/agents/")
+    expect(page.get_by_role("link", name="Agents")).to_have_attribute(
+        "aria-current", "page"
+    )
+    expect(page.locator("#agents-body")).to_contain_text("kettlecraft-support")
+    page.locator("#new-agent > summary").click()
+    form = page.locator("#agent-form")
+    form.get_by_label("Slug (used to start runs)").fill("helper")
+    form.get_by_label("Name", exact=True).fill("Helper")
+    form.get_by_label("Model endpoint").select_option("scripted")
+    form.get_by_label("Model", exact=True).fill("scripted")
+    form.get_by_label("Tools, one a line").fill("lookup_order\nno_such_tool")
+    page.get_by_role("button", name="Create agent").click()
+    # The server's refusal, at the field; nothing is created.
+    expect(page.locator("#agent-tools-error")).to_contain_text("no_such_tool")
+    expect(form.get_by_label("Tools, one a line")).to_have_attribute(
+        "aria-invalid", "true"
+    )
+    assert not Agent.objects.filter(slug="helper").exists()
+
+    form.get_by_label("Tools, one a line").fill("lookup_order")
+    form.locator("details summary").click()
+    form.get_by_label("Replies (JSON list)").fill('[{"text": "v1 answer"}]')
+    page.get_by_role("button", name="Create agent").click()
+    expect(page.locator("#agent-title")).to_have_text("Helper v1")
+    expect(page.locator("#agent-facts")).to_contain_text("lookup_order")
+
+    # An edit is saved as v2; v1 stays, restorable and comparable.
+    form = page.locator("#agent-form")
+    form.get_by_label("Model", exact=True).fill("scripted-2")
+    page.get_by_role("button", name="Save as a new version").click()
+    expect(page.locator("#agent-title")).to_have_text("Helper v2")
+    rows = page.locator("#versions-table tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_contain_text("v2 (current)")
+    expect(rows.nth(1).get_by_role("button", name="Restore v1")).to_be_visible()
+    page.get_by_role("button", name="Compare").click()
+    model_row = page.locator('#compare-table tr[data-field="model"]')
+    expect(model_row).to_contain_text("scripted")
+    expect(model_row).to_contain_text("scripted-2")
+    agent = Agent.objects.get(slug="helper", tenant=tenant)
+    assert list(
+        AgentVersion.objects.filter(agent=agent)
+        .order_by("number")
+        .values_list("model", flat=True)
+    ) == ["scripted", "scripted-2"]
+
+    run = run_start(
+        tenant=tenant, agent_slug="helper", input="hello", started_by=operator_user
+    )
+    run_page = open_page(operator_user, f"/runs/{run.id}/")
+    expect(run_page.locator("#run-agent")).to_contain_text("Agent helper v2")
+    expect(run_page.locator("#run-title")).to_contain_text("helper v2")
