@@ -1,5 +1,5 @@
 """The migration that turns each flat agent into a model endpoint and version 1,
-and pins every existing run to it (runs 0008-0010)."""
+and pins every existing run to it (runs 0009-0011)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-BEFORE = [("runs", "0007_mcp_servers_and_tools")]
-AFTER = [("runs", "0010_agent_flat_fields_removed")]
+BEFORE = [("runs", "0008_mcp_tool_quota")]
+AFTER = [("runs", "0011_agent_flat_fields_removed")]
 
 
 def _migrate(targets: list[tuple[str, str]]) -> Any:

@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0009_agents_to_versions'),
+        ('runs', '0010_agents_to_versions'),
     ]
 
     operations = [

@@ -95,6 +95,6 @@ def backwards(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("runs", "0008_agent_versions_and_model_endpoints")]
+    dependencies = [("runs", "0009_agent_versions_and_model_endpoints")]
 
     operations = [migrations.RunPython(forwards, backwards)]

@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('controlplane', '0008_budget_models_move_to_budgets'),
-        ('runs', '0007_mcp_servers_and_tools'),
+        ('runs', '0008_mcp_tool_quota'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
