@@ -40,6 +40,17 @@ class ListingChanges:
         }
 
 
+# A description is context the model reads on every step: a longer one is refused.
+MAX_DESCRIPTION_CHARS = 4000
+
+
+def definition_problem(listed: ListedTool) -> str:
+    """Why the host refuses a listed definition, or ""."""
+    if len(listed.description) > MAX_DESCRIPTION_CHARS:
+        return f"its description is longer than {MAX_DESCRIPTION_CHARS} characters"
+    return schema_problem(listed.input_schema)
+
+
 def schema_problem(schema: object) -> str:
     """Why the host refuses a tool's input schema, or ""."""
     if not isinstance(schema, dict):
@@ -70,7 +81,7 @@ def mcp_listing_apply(
         server=server
     )}  # fmt: skip
     for listed in listing:
-        problem = schema_problem(listed.input_schema)
+        problem = definition_problem(listed)
         row = rows.pop(listed.name, None)
         if row is None:
             McpTool.objects.create(

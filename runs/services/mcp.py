@@ -28,7 +28,7 @@ from controlplane.secrets import SecretMissing, secret_exists
 from controlplane.services import audit_record
 from runs.mcp.client import ListedTool, McpFailure, mcp_list_tools
 from runs.mcp.connection import mcp_endpoint_for
-from runs.mcp.pinning import ListingChanges, mcp_listing_apply, schema_problem
+from runs.mcp.pinning import ListingChanges, definition_problem, mcp_listing_apply
 from runs.models import McpServer, McpTool
 from runs.sandbox import HostPort, SandboxSpecError, SandboxUnavailable, probe_host
 from runs.sandbox.capabilities import require_layers
@@ -291,7 +291,9 @@ def mcp_tool_accept(
             f"the definition of {locked.name} is now {locked.definition_sha256}, "
             "not the one reviewed: look at it again"
         )
-    problem = schema_problem(locked.input_schema)
+    problem = definition_problem(
+        ListedTool(locked.name, locked.description, locked.input_schema, {}, "")
+    )
     if problem:
         raise McpInputError({"definition_sha256": [f"{locked.name}: {problem}"]})
     before = mcp_tool_view(locked)

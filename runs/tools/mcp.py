@@ -98,7 +98,10 @@ def mcp_tools_for(
     for ref, row in _rows_for(refs, tenant_id=tenant_id).items():
         if row is None or row.status != McpTool.Status.ACTIVE or not row.server.enabled:
             continue
-        tools.append(mcp_tool(row, settings=(tool_settings or {}).get(ref) or {}))
+        try:
+            tools.append(mcp_tool(row, settings=(tool_settings or {}).get(ref) or {}))
+        except ValueError:  # ContractError, SchemaError: not offered (ENOTOOL)
+            continue
     return tools
 
 
@@ -110,8 +113,14 @@ def mcp_contracts_of(*, tenant_id: Any) -> dict[str, ToolContract]:
         server__enabled=True,
         status=McpTool.Status.ACTIVE,
     ).select_related("server")
-    contracts = (mcp_contract(row) for row in rows)
-    return {contract.name: contract for contract in contracts}
+    contracts: dict[str, ToolContract] = {}
+    for row in rows:
+        try:
+            contract = mcp_contract(row)
+        except ValueError:  # ContractError, SchemaError: not a usable tool
+            continue
+        contracts[contract.name] = contract
+    return contracts
 
 
 def mcp_contract(row: McpTool, *, approval: str = "") -> ToolContract:

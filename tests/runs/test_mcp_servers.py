@@ -378,3 +378,29 @@ def test_a_disabled_server_offers_no_tool_until_enabled_again(
     admin_api.patch(path, {"enabled": True}, format="json")
     assert len(tool_registry_for(refs, tenant_id=tenant.id)) == 1
     assert AuditEvent.objects.filter(action="mcp_server.update").count() == 2
+
+
+def test_a_tool_whose_definition_the_host_refuses_is_invalid_and_not_offered(
+    admin_api, tenant
+):
+    server = build(0, 0, False)
+    server.add_tool(lambda: "x", name="chatty", description="Use me. " * 1000)
+
+    def loose(payload: dict[str, Any]) -> str:  # an open object: refused
+        return "x"
+
+    server.add_tool(loose, name="loose", description="Takes anything.")
+    http = HttpMcpServer(server)
+    try:
+        body = register(admin_api, http).json()
+    finally:
+        http.stop()
+    chatty, loose_tool = tool_of(body, "chatty"), tool_of(body, "loose")
+    assert chatty["status"] == "invalid"
+    assert "longer than 4000 characters" in chatty["problem"]
+    assert loose_tool["status"] == "invalid", loose_tool
+    assert "additionalProperties" in loose_tool["problem"]
+    refs = ["mcp:warranty/chatty", "mcp:warranty/loose", "mcp:warranty/warranty_lookup"]
+    assert tool_registry_for(refs, tenant_id=tenant.id).names == [
+        "warranty_warranty_lookup"
+    ]
