@@ -13,9 +13,10 @@ from approvals.models import ApprovalRequest
 from runs.engine.contracts import Effect, Idempotency, ToolContract, ToolSource
 from runs.engine.envelope import ErrorCode, ToolFailure
 from runs.engine.tools import Tool, ToolContext
-from runs.models import Agent, Run
+from runs.models import Run
 from runs.services import run_start
 from runs.tools.registry import BUILTIN_TOOLS
+from tests.agents import make_agent
 from tests.runs.conftest import drive
 
 pytestmark = [pytest.mark.browser]
@@ -43,9 +44,9 @@ def test_the_inbox_asks_whether_a_run_may_go_on_after_a_repeated_error(
     )
     monkeypatch.setitem(BUILTIN_TOOLS, "ledger", Tool(contract, closed_ledger))
     post = {"tool_calls": [{"name": "ledger", "arguments": {}}]}
-    Agent.objects.create(
-        tenant=tenant, slug="poster", name="Poster", model_adapter="scripted",
-        model="scripted", tool_names=["ledger"], script=[post, post, {"text": "ok"}],
+    make_agent(
+        tenant, "poster", name="Poster", tools=["ledger"],
+        script=[post, post, {"text": "ok"}],
     )  # fmt: skip
     run = run_start(
         tenant=tenant, agent_slug="poster", input="post it", started_by=operator_user
