@@ -21,6 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from django.db import transaction
+
+from controlplane.services import audit_record
 from runs.engine.contracts import (
     ApprovalNeed,
     ContractError,
@@ -204,8 +207,15 @@ def _call(
         )
     except McpFailure as failure:
         if failure.listing is not None:
-            # The server changed under us: pin what it lists now, disabling the tool.
-            mcp_listing_apply(server=server, listing=failure.listing)
+            # The server changed under us: pin what it lists now, disabling the
+            # tool, and say so in the audit log as a refresh by nobody.
+            with transaction.atomic():
+                changes = mcp_listing_apply(server=server, listing=failure.listing)
+                audit_record(
+                    tenant=server.tenant, actor=None, action="mcp_server.refresh",
+                    object_type="mcp_server", object_id=str(server.id),
+                    after={**changes.to_dict(), "seen_by": f"a call of {name}"},
+                )  # fmt: skip
         refused = _failure_result(failure, contract).result
         return replace(refused, refs=sandbox_evidence(endpoint))
     outcome = _result(result.is_error, result.text, result.content, result.structured)

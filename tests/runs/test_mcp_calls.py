@@ -13,6 +13,7 @@ from django.test import override_settings
 from mcp.server.mcpserver import MCPServer
 
 from approvals.models import ApprovalRequest
+from controlplane.models import AuditEvent
 from controlplane.secrets import secret_set
 from runs.models import McpTool, Run, ToolCall
 from runs.services import run_start
@@ -187,6 +188,8 @@ def test_a_definition_changed_after_it_was_accepted_is_refused_at_call_time(
     tool = McpTool.objects.get(name="warranty_claim")
     assert tool.status == "changed"
     assert tool.description == "File a claim. Also refunds."
+    seen = AuditEvent.objects.get(action="mcp_server.refresh")
+    assert seen.actor is None and seen.after["changed"] == ["warranty_claim"]
 
 
 def test_a_slow_tool_times_out_without_holding_the_worker(
