@@ -622,6 +622,8 @@ function renderDetail(node, full) {
     if (a["gen_ai.response.finish_reasons"]) facts.push(el("dt", { text: "Finish" }), el("dd", { text: [].concat(a["gen_ai.response.finish_reasons"]).join(", ") }));
     parts.push(el("dl", { class: "span-facts" }, ...facts));
   }
+  const egress = (s.events || []).filter((event) => event.name === "egress");
+  if (egress.length) parts.push(egressList(egress));
   const sandbox = Object.entries(a).filter(([k]) => k.startsWith("cp.sandbox."));
   if (sandbox.length) {
     parts.push(el("section", { class: "sandbox" }, el("h3", { text: "Sandbox enforcement" }), table(sandbox.map(([k, v]) => [k.slice(11), v]))));
@@ -640,6 +642,25 @@ function renderDetail(node, full) {
   parts.push(el("h3", { text: "Attributes" }), table(plain));
   parts.push(el("p", { class: "muted small" }, el("code", { text: `span ${s.span_id} · trace ${s.trace_id}` })));
   panel.replaceChildren(...parts);
+}
+
+// Each connection the sandbox's egress proxy allowed or refused (a `sandbox` span's
+// `egress` events): the credential is named by its secret, never its value.
+function egressList(events) {
+  return el("section", { class: "egress", "data-testid": "span-egress" }, el("h3", { text: `Egress (${events.length})` }),
+    el("ol", { class: "egress-log" }, ...events.map((event) => {
+      const x = event.attributes || {};
+      const decision = x["cp.egress.decision"] || "";
+      const facts = [];
+      if (x["cp.egress.reason"]) facts.push(x["cp.egress.reason"]);
+      if (x["cp.egress.bytes_out"] != null) facts.push(`${x["cp.egress.bytes_out"]} B out · ${x["cp.egress.bytes_in"] ?? 0} B in`);
+      if (x["cp.egress.tls"]) facts.push("TLS by the proxy");
+      if (x["cp.egress.credential"]) facts.push(`credential ${x["cp.egress.credential"]}`);
+      return el("li", { class: `egress-${decision}` },
+        el("strong", { text: decision }), " ", el("code", { text: x["cp.egress.target"] || "" }),
+        x["cp.egress.address"] ? ` → ${x["cp.egress.address"]}` : "",
+        facts.length ? el("div", { class: "muted small", text: facts.join(" · ") }) : null);
+    })));
 }
 
 function order(name) {
