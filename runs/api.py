@@ -29,6 +29,7 @@ from controlplane.redaction import RedactedCharField, RedactedJSONField
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
 from runs.engine.evaluator import verdict_of
+from runs.engine.stop import StopReason
 from runs.models import Run
 from runs.services.retention import run_delete
 from runs.services.spend import run_usage_against_caps
@@ -69,7 +70,12 @@ class RunSerializer(serializers.Serializer[Any]):
         source="agent_version.number", allow_null=True
     )
     status = serializers.CharField()
-    stop_reason = serializers.CharField()
+    stop_reason = serializers.CharField(
+        help_text="empty while the run goes on; else one of "
+        + ", ".join(StopReason)
+        + ", the tenant budget dimension that stopped it "
+        "(tenant_<dimension>_per_<day|month>), or external (a run sent over OTLP)"
+    )
     stop_detail = RedactedCharField()
     input = RedactedCharField()
     final_answer = RedactedCharField()
