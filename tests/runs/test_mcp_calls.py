@@ -361,3 +361,22 @@ def test_an_mcp_tools_quota_refuses_the_call_over_it_unexecuted(
     assert (second.status, second.result["error"]["code"]) == ("refused", "EBUDGET")
     assert second.attempts == 0 and second.started_at is None
     assert run.status == Run.Status.UNVERIFIED
+
+
+def test_an_agents_approval_override_applies_to_its_mcp_tool(
+    tenant, registered, claims, scripted_agent, drive_run
+):
+    world, _http = claims
+    args = {"order_id": "4821", "reason": "spout cracked"}
+    ref = "mcp:warranty/warranty_claim"
+    scripted_agent(
+        one_call("warranty_warranty_claim", args), [ref],
+        tool_settings={ref: {"approval": "never"}},
+    )  # fmt: skip
+    run = drive_run(
+        run_start(tenant=tenant, agent_slug="scripted", input="x", started_by=None)
+    )
+    call = ToolCall.objects.get(run=run)
+    assert call.status == "succeeded", call.result
+    assert world.filed == [args]
+    assert not ApprovalRequest.objects.filter(run=run).exists()
