@@ -444,12 +444,15 @@ def _rewrite_request(
 
 
 def _response(code: int, message: str) -> bytes:
+    """An error response; the message is in the reason phrase too, since a client
+    refused a CONNECT shows only that ("Tunnel connection failed: 403 ...")."""
     reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}.get(
         code, "Error"
     )
+    said = "".join(ch if " " <= ch <= "~" else "?" for ch in message)[:300]
     body = (message + "\n").encode()
     return (
-        f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
+        f"HTTP/1.1 {code} {reason} ({said})\r\nContent-Type: text/plain\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode() + body
 

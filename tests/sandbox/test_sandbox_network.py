@@ -252,5 +252,6 @@ def test_connect_tunnel_is_allowlisted_too(
     assert r.stdout.splitlines() == [
         "HTTP/1.1 200 Connection established",
         "HTTP/1.0 200 OK True",
-        "HTTP/1.1 403 Forbidden",
+        "HTTP/1.1 403 Forbidden (sandbox proxy: 169.254.169.254: cloud metadata "
+        "address)",
     ], r.stderr
