@@ -27,6 +27,16 @@ def test_admin_accepts_a_changed_tool_and_a_viewer_only_reads(
                   "url": http.url, "network": http.network},
         )  # fmt: skip
         page = open_page(admin_user, "/mcp-servers/")
+        refused: list[str] = []
+        page.on(
+            "console",
+            lambda msg: (
+                refused.append(msg.text)
+                if "Content Security Policy" in msg.text
+                else None
+            ),
+        )
+        page.reload()
         row = page.locator('tr[data-tool="warranty_lookup"]')
         expect(row.get_by_test_id("tool-status")).to_have_text("active")
         expect(row).to_contain_text("readOnlyHint: true")
@@ -60,6 +70,7 @@ def test_admin_accepts_a_changed_tool_and_a_viewer_only_reads(
         expect(row).to_contain_text("Look up a warranty (v2).")
     finally:
         http.stop()
+    assert refused == []  # no script or style of the page refused by the CSP
     tool = McpTool.objects.get(name="warranty_lookup")
     assert tool.status == "active"
     assert tool.accepted_description == "Look up a warranty (v2)."

@@ -18,7 +18,8 @@ def _client(user: Any) -> Client:
 
 
 def test_pages_need_a_login(db: Any) -> None:
-    for path in ("/runs/", "/approvals/", "/budget/", "/audit/", "/secrets/", "/"):
+    paths = ("/runs/", "/approvals/", "/budget/", "/audit/", "/secrets/")
+    for path in (*paths, "/mcp-servers/", "/"):
         response = Client().get(path)
         assert response.status_code == 302
         assert response["Location"].startswith("/login/")
