@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 
-from budgets.models import ModelPriceEntry
+from budgets.models import PERIODS, Budget, ModelPriceEntry
 from runs.engine.budget import ModelPrice
 
 
@@ -48,3 +48,16 @@ def model_price_for(*, model: str, tenant_id: Any) -> PriceLookup:
             Decimal(default[1]),
         )
     return PriceLookup(ModelPrice(), False)
+
+
+def unknown_price_refused(*, budget: Budget | None, run_limits: Any) -> bool:
+    """Whether a model of unknown price may not be called for a run with these
+    limits: a cost cap (the run's or a period's) could not be kept, unless the
+    tenant allows unknown prices."""
+    if budget is not None and budget.allow_unknown_price:
+        return False
+    period_cost = budget is not None and any(
+        (budget.period_limits.get(period) or {}).get("cost") is not None
+        for period in PERIODS
+    )
+    return bool(period_cost or (run_limits or {}).get("max_cost") is not None)

@@ -11,7 +11,7 @@ from django.utils.module_loading import import_string
 
 from budgets.extensions import limits_with_extensions
 from budgets.models import Budget
-from budgets.prices import PriceLookup, model_price_for
+from budgets.prices import PriceLookup, model_price_for, unknown_price_refused
 from budgets.services import run_ceiling_of
 from controlplane.secrets import SecretMissing, secret_value
 from runs.engine.actions import ModelReply
@@ -19,23 +19,21 @@ from runs.engine.adapters import (
     DeltaSink,
     ModelAdapter,
     ModelError,
-    build_model_adapter,
 )
-from runs.engine.budget import BudgetLimits
+from runs.engine.budget import BudgetLimits, ModelPrice
 from runs.engine.enforcement import RetryPolicy
 from runs.engine.evaluator import Evaluator
 from runs.engine.loop import AgentConfig
 from runs.engine.policy import PolicyHook
 from runs.engine.tools import ToolRegistry
 from runs.evaluators import evaluator_for
-from runs.models import AgentVersion, Run
+from runs.model_routing import endpoint_adapter, routed_model
+from runs.models import AgentVersion, ModelEndpoint, Run
 from runs.tools.registry import tool_registry_for
 
 # What an endpoint without a key secret (a local vLLM, Ollama or LM Studio) is
 # sent as its key: the SDKs refuse to build a client with none.
 NO_API_KEY = "no-key"
-# The endpoint options the adapters take (docs/agents.md, Model endpoints).
-ADAPTER_OPTIONS = ("timeout_seconds", "max_retries", "stream")
 
 
 @dataclass(frozen=True)
@@ -48,6 +46,15 @@ class RunRuntime:
     evaluator: Evaluator | None
     price_known: bool = True
     budget: Budget | None = None  # the tenant's, read at the step's start
+    # The fallback model's price (None: no fallback); a reply's cost is priced
+    # by the model that answered it.
+    fallback_price: ModelPrice | None = None
+
+    def price_of(self, reply: ModelReply | ModelError) -> ModelPrice:
+        routing = getattr(reply, "routing", None) or {}
+        if routing.get("fallback_used") and self.fallback_price is not None:
+            return self.fallback_price
+        return self.config.price
 
 
 def effective_limits(
@@ -114,13 +121,16 @@ class UnavailableModel:
         raise self.error
 
 
-def model_adapter_for(
-    version: AgentVersion, *, tenant_id: Any, replies_consumed: int
+def _endpoint_client(
+    endpoint: ModelEndpoint,
+    model: str,
+    *,
+    tenant_id: Any,
+    script: Sequence[Mapping[str, Any]],
+    replies_consumed: int,
 ) -> ModelAdapter:
-    """The model client of the version's endpoint, with its key from the
-    tenant's secret store; an `UnavailableModel` when it cannot be built (a key
-    secret that is not set: the run's model error names it)."""
-    endpoint = version.endpoint
+    """One endpoint's adapter for one model, with its key from the tenant's
+    secret store; an `UnavailableModel` when it cannot be built."""
     api_key = NO_API_KEY
     if endpoint.api_key_secret:
         try:
@@ -135,19 +145,13 @@ def model_adapter_for(
                 ),
             )
     try:
-        return build_model_adapter(
-            endpoint.kind,
-            model=version.model,
-            script=version.script,
-            script_position=replies_consumed,
+        return endpoint_adapter(
+            endpoint,
+            model=model,
             api_key=api_key,
-            base_url=endpoint.base_url or None,
             deadline_seconds=settings.RUN_MODEL_DEADLINE_SECONDS,
-            options={
-                name: value
-                for name, value in endpoint.options.items()
-                if name in ADAPTER_OPTIONS
-            },
+            script=script,
+            script_position=replies_consumed,
         )
     # The SDKs raise their own exception types for a configuration they refuse.
     except Exception as exc:  # noqa: BLE001 - reported as the run's model error
@@ -159,6 +163,42 @@ def model_adapter_for(
                 f"built: {exc}",
             ),
         )
+
+
+def model_adapter_for(
+    version: AgentVersion,
+    *,
+    tenant_id: Any,
+    replies_consumed: int,
+    with_fallback: bool = True,
+) -> ModelAdapter:
+    """The model client of the version's endpoint (streaming, behind the
+    endpoint's circuit breaker, runs.model_routing), with the version's fallback
+    endpoint and model unless `with_fallback` is False; an `UnavailableModel`
+    when the primary cannot be built (a key secret that is not set: the run's
+    model error names it, and no fallback hides it)."""
+    primary = _endpoint_client(
+        version.endpoint, version.model, tenant_id=tenant_id,
+        script=version.script, replies_consumed=replies_consumed,
+    )  # fmt: skip
+    if isinstance(primary, UnavailableModel):
+        return primary
+    fallback = None
+    if with_fallback and version.fallback_endpoint_id and version.fallback_model:
+        assert version.fallback_endpoint is not None
+        backup = _endpoint_client(
+            version.fallback_endpoint, version.fallback_model, tenant_id=tenant_id,
+            script=version.script, replies_consumed=replies_consumed,
+        )  # fmt: skip
+        fallback = (backup, version.fallback_endpoint, version.fallback_model)
+    return routed_model(
+        primary,
+        endpoint=version.endpoint,
+        model=version.model,
+        tenant_id=tenant_id,
+        deadline_seconds=settings.RUN_MODEL_DEADLINE_SECONDS,
+        fallback=fallback,
+    )
 
 
 def runtime_for(
@@ -176,6 +216,17 @@ def runtime_for(
         raise ValueError(f"run {run.id} has no agent version: it is not run here")
     if price is None:
         price = model_price_for(model=version.model, tenant_id=run.tenant_id)
+    fallback_price = None
+    with_fallback = bool(version.fallback_endpoint_id and version.fallback_model)
+    if with_fallback:
+        fallback_price = model_price_for(
+            model=version.fallback_model, tenant_id=run.tenant_id
+        )
+        # A fallback of unknown price is not used where that price could break a
+        # cost cap (the unknown-price rule); the circuit then fails fast.
+        with_fallback = fallback_price.known or not unknown_price_refused(
+            budget=budget, run_limits=run.limits
+        )
     # A ceiling lowered mid-run applies from the next step on; approved budget
     # extensions raise the caps from there.
     limits = limits_with_extensions(
@@ -197,11 +248,15 @@ def runtime_for(
             version.tools, tenant_id=run.tenant_id, tool_settings=version.tool_settings
         ),
         model=model_adapter_for(
-            version, tenant_id=run.tenant_id, replies_consumed=replies_consumed
+            version,
+            tenant_id=run.tenant_id,
+            replies_consumed=replies_consumed,
+            with_fallback=with_fallback,
         ),
         policy=import_string(settings.RUN_POLICY_HOOK),
         limits=limits,
         evaluator=evaluator_for(version.evaluator),
         price_known=price.known,
         budget=budget,
+        fallback_price=fallback_price.price if fallback_price else None,
     )

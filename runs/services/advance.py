@@ -366,12 +366,13 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
             ok=isinstance(reply, ModelReply), seconds=time.monotonic() - called
         )
         chat.reply(reply)
+    price = runtime.price_of(reply)  # the answering model's (a fallback's)
     budget_after_model_call(
         run=ctx.run,
         entry=reserved,
         reply=reply,
         plan=plan,
-        price=runtime.config.price,
+        price=price,
         usage=state.usage,
         limits=runtime.limits,
     )
@@ -380,7 +381,7 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
     assert isinstance(reply, ModelReply)
     usage = billable_usage(reply, plan)
     state.usage = charge_model_call(
-        state.usage, usage.input_tokens, usage.output_tokens, runtime.config.price
+        state.usage, usage.input_tokens, usage.output_tokens, price
     )
     action = record_reply(state.transcript, reply)
     step = Step(
@@ -392,7 +393,7 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
         finish_reason=reply.finish_reason,
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
-        cost=runtime.config.price.cost(usage.input_tokens, usage.output_tokens),
+        cost=price.cost(usage.input_tokens, usage.output_tokens),
         reply=reply.to_dict(),
         action=_action_record(action),
         started_at=started_at,

@@ -288,6 +288,9 @@ ENDPOINT_OPTIONS: dict[str, Callable[[Any], str | None]] = {
     "timeout_seconds": _positive_number(600),
     "max_retries": _int_between(0, 10),
     "stream": _boolean,
+    # The endpoint's circuit breaker (runs.model_routing).
+    "breaker_failures": _int_between(1, 100),
+    "breaker_cooldown_seconds": _positive_number(3600),
 }
 
 

@@ -14,8 +14,9 @@ from opentelemetry import trace
 
 from budgets.extensions import ExtensionAsk, limits_with_extensions
 from budgets.ledger import budget_reserve, budget_settle
-from budgets.models import PERIODS, Budget, BudgetLedgerEntry
+from budgets.models import Budget, BudgetLedgerEntry
 from budgets.periods import Amounts, BudgetRefusal
+from budgets.prices import unknown_price_refused
 from budgets.selectors import budget_of
 from budgets.services import UNKNOWN_PRICE
 from controlplane import metrics
@@ -55,20 +56,15 @@ def budget_before_model_call(
 ) -> BudgetLedgerEntry | BudgetRefusal | None:
     """Reserve the model call's worst case; None when the tenant has no budget.
     `budget`: the tenant's, read at the step's start."""
-    if not price_known and not (budget and budget.allow_unknown_price):
-        period_cost = budget is not None and any(
-            (budget.period_limits.get(period) or {}).get("cost") is not None
-            for period in PERIODS
+    if not price_known and unknown_price_refused(budget=budget, run_limits=run.limits):
+        return run_budget_refused(
+            run,
+            BudgetRefusal(
+                UNKNOWN_PRICE,
+                f"the price of model {_model_of(run)!r} is unknown, so the "
+                "cost of this run cannot be bounded",
+            ),
         )
-        if period_cost or run.limits.get("max_cost") is not None:
-            return run_budget_refused(
-                run,
-                BudgetRefusal(
-                    UNKNOWN_PRICE,
-                    f"the price of model {_model_of(run)!r} is unknown, so the "
-                    "cost of this run cannot be bounded",
-                ),
-            )
     if budget is None:
         return None
     amounts = Amounts(

@@ -235,3 +235,13 @@ def test_the_endpoint_option_turns_streaming_off(
     reply = adapter.complete(MESSAGES, [], 64, on_delta=sink)
     assert reply.text == "plain JSON" and sink.deltas == []
     assert "stream" not in server.requests[0]["body"]
+
+
+def test_a_server_that_ignores_stream_and_answers_json_is_read_whole(
+    server: ChatCompletionsServer,
+) -> None:
+    server.push(Behaviour(reply=Reply(text="whole JSON"), stream=False))
+    sink = Sink()
+    reply = model(server).complete(MESSAGES, [], 64, on_delta=sink)
+    assert reply.text == "whole JSON" and reply.attempts == 1
+    assert server.requests[0]["body"]["stream"] is True

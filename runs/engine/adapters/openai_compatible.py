@@ -10,7 +10,8 @@ came) but whose usage chunk never did keeps zero usage, and the host then
 charges the call's reservation (`billable_usage`: the estimated input and the
 whole output reservation), never less than it could have cost. A server that
 rejects `stream_options` (some older OpenAI-compatible servers) can be served
-with `stream_usage=False`.
+with `stream_usage=False`; one that ignores `stream` and answers with a JSON
+completion is read as such.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import httpx2
 import openai
+from openai.types.chat import ChatCompletion
 
 from runs.engine.actions import ModelReply, ToolCall, Usage
 from runs.engine.adapters import DeltaSink, ModelError
@@ -201,6 +203,16 @@ class OpenAIModel(RetryingAdapter):
         request_id = raw.headers.get("x-request-id")
         if not self.stream:
             completion = raw.parse()
+            return self._reply(completion, request_id, attempts)
+        if "text/event-stream" not in raw.headers.get("content-type", ""):
+            # A server that ignores `stream` answers with the whole completion.
+            guard = Watchdog(deadline - self._clock(), raw.http_response.close)
+            with guard.running():
+                try:
+                    raw.http_response.read()
+                except Exception as exc:
+                    raise _stream_error(exc, guard, 0) from None
+            completion = ChatCompletion.model_validate(raw.http_response.json())
             return self._reply(completion, request_id, attempts)
         stream = raw.parse()
         watchdog = Watchdog(deadline - self._clock(), stream.close)
