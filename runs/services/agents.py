@@ -128,7 +128,9 @@ def agent_create(
 
 def _locked(agent: Agent) -> Agent:
     return (
-        Agent.objects.select_for_update()
+        # Only the agent's row is locked: its version joins are outer joins,
+        # which PostgreSQL cannot lock.
+        Agent.objects.select_for_update(of=("self",))
         .select_related(
             "current_version__endpoint", "current_version__fallback_endpoint"
         )
