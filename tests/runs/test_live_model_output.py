@@ -23,6 +23,8 @@ from runs.engine.step import ModelCallPlan, call_model
 from runs.models import Run
 from runs.services import run_start
 from runs.spans import chat_span
+from tests.agents import make_agent
+from tests.runs.conftest import drive
 from tracing.models import RunEvent, Span
 from tracing.selectors import span_payloads
 
@@ -170,3 +172,55 @@ async def test_a_dropped_stream_resets_the_live_text(run: Run, secret: str) -> N
     after = frames[resets[0] + 1 :]
     assert "".join(f["text"] for f in after) == "the answer"
     assert after[0]["offset"] == 0
+
+
+async def test_a_run_on_a_streaming_endpoint_shows_its_reply_live(
+    tenant: Any, admin_user: Any
+) -> None:
+    """The whole path: run_advance builds the endpoint's streaming client and
+    the step relays its text while the model writes."""
+    with ChatCompletionsServer() as server:
+        server.push(Behaviour(reply=Reply(text=TEXT), chunk_delay=0.04))
+
+        def prepare() -> tuple[Run, str]:
+            agent = make_agent(tenant, "live", kind="openai", model="gpt-live",
+                               base_url=server.base_url)  # fmt: skip
+            run = run_start(
+                tenant=tenant, agent_slug=agent.slug, input="hi", started_by=None
+            )
+            return run, api_token_issue(tenant=tenant, user=admin_user).secret
+
+        run, secret = await sync_to_async(prepare)()
+        ws = communicator(f"/ws/runs/{run.id}/?after_seq=0", secret)
+        assert (await ws.connect())[0]
+        await asyncio.sleep(0.2)
+
+        def advance() -> None:
+            try:
+                drive(run)
+            finally:
+                connection.close()
+
+        worker = threading.Thread(target=advance)
+        worker.start()
+        deltas: list[dict[str, Any]] = []
+        ended_after = None
+        deadline = time.monotonic() + 20
+        while ended_after is None and time.monotonic() < deadline:
+            frame = await ws.receive_json_from(timeout=5)
+            if frame["type"] == "delta":
+                deltas.append(frame)
+            elif frame["type"] == "event" and _chat_ended(frame["event"]):
+                ended_after = len(deltas)
+        await sync_to_async(worker.join)(20)
+        await ws.disconnect()
+    assert ended_after is not None and ended_after >= 3
+    assert "".join(frame["text"] for frame in deltas) == TEXT
+    run = await sync_to_async(Run.objects.get)(id=run.id)
+    assert run.final_answer == TEXT
+
+
+def _chat_ended(event: dict[str, Any]) -> bool:
+    return bool(
+        event["type"] == "span.ended" and event["payload"]["name"].startswith("chat")
+    )
