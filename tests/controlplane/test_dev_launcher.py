@@ -86,7 +86,10 @@ def test_dev_launcher_becomes_healthy_and_stops_every_child(tmp_path):
     output = (tmp_path / "dev.log").read_text()
     assert f"Ready: http://127.0.0.1:{port}/" in output
     assert "users admin, operator, viewer" in output
-    for prefix in ("   web | ", "worker | ", "  beat | ", " redis | "):
+    # The second demo agent, seeded through the API, and its model server.
+    assert "Agents: kettlecraft-support" in output
+    assert "kettlecraft-warranty (local OpenAI-compatible model, MCP tool)" in output
+    for prefix in ("   web | ", "worker | ", "  beat | ", " redis | ", " model | "):
         assert prefix in output
     time.sleep(0.5)
     assert [pid for pid in children if alive(pid)] == []
@@ -216,6 +219,14 @@ def test_the_readme_cli_beside_make_run_reaches_its_workers_every_time(tmp_path)
                 raise AssertionError((attempt, lines, launcher_log())) from None
             assert cli.returncode == 0, (attempt, "".join(lines) + rest, launcher_log())
             assert " succeeded: stop_reason=done" in rest
+        # The API-defined agent: its local model server and its MCP stdio tool.
+        warranty = subprocess.run(
+            [sys.executable, "manage.py", "run_agent", "kettlecraft-warranty",
+             "--input", "Is order 4821 under warranty?", "--wait", "--timeout", "180"],
+            cwd=BASE_DIR, env=environ, capture_output=True, text=True, timeout=200,
+        )  # fmt: skip
+        assert warranty.returncode == 0, (warranty.stdout, launcher_log())
+        assert " succeeded: stop_reason=done" in warranty.stdout
         assert "its step was lost; enqueued it again" not in launcher_log()
     finally:
         launcher.send_signal(signal.SIGTERM)

@@ -9,19 +9,34 @@ from django.core.management.base import BaseCommand
 
 from controlplane import secret_keys
 from controlplane.demo import demo_seed, describe_logins
+from controlplane.embedded_redis import free_local_port
 from controlplane.launcher import Launcher, install_stop_handlers
+from controlplane.models import Tenant
+from runs.demo_warranty import DemoSeedError, demo_seed_warranty_agent
 
 
 class Command(BaseCommand):
     help = (
         "Migrate, seed the demo, then start and supervise Daphne, a Celery worker, "
-        "Celery beat and (with no REDIS_URL) an embedded Redis. Ctrl-C stops them all."
+        "Celery beat, (with no REDIS_URL) an embedded Redis and the demo's local "
+        "model server. Ctrl-C stops them all."
     )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--host", default="127.0.0.1", help="Address to bind.")
         parser.add_argument("--port", type=int, default=settings.PORT)
         parser.add_argument("--concurrency", type=int, default=2, help="Worker pool.")
+        parser.add_argument(
+            "--no-mcp-demo",
+            action="store_true",
+            help="Seed only the first demo agent; start no local model server.",
+        )
+        parser.add_argument(
+            "--model-port",
+            type=int,
+            default=0,
+            help="Loopback port of the demo's model server (0: a free one).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
@@ -33,7 +48,14 @@ class Command(BaseCommand):
                 "Secret store: no CONTROLPLANE_SECRET_KEYS, using the development "
                 f"key in {settings.SECRET_STORE_DEV_KEY_FILE} (docs/secrets.md)."
             )
-        logins = describe_logins(demo_seed())
+        seeded = demo_seed()
+        logins = describe_logins(seeded)
+        extra: list[tuple[str, list[str]]] = []
+        model_port = options["model_port"] or free_local_port()
+        if not options["no_mcp_demo"]:
+            argv = [sys.executable, "-m", "runs.devserver", "--demo",
+                    "--protocol", "openai", "--port", str(model_port)]  # fmt: skip
+            extra.append(("model", argv))
         if not settings.DEBUG:
             call_command("collectstatic", interactive=False, verbosity=0)
         launcher = Launcher(
@@ -43,17 +65,29 @@ class Command(BaseCommand):
             redis_url=settings.REDIS_URL,
             worker_concurrency=options["concurrency"],
             out=sys.stdout,
+            extra=extra,
         )
         install_stop_handlers(launcher.request_stop)
+        agents = ["kettlecraft-support (scripted model, built-in tools)"]
         try:
             launcher.start()
             healthy, body = launcher.wait_healthy(timeout=120)
             url = f"http://{options['host']}:{options['port']}/"
+            if (
+                healthy
+                and extra
+                and self._seed_warranty_agent(
+                    seeded.tenant, api=url, model_port=model_port
+                )
+            ):
+                agents.append(
+                    "kettlecraft-warranty (local OpenAI-compatible model, MCP tool)"
+                )
             if healthy:
                 self.stdout.write(
                     self.style.SUCCESS(
                         f"\nReady: {url}  log in with {logins}. "
-                        "Ctrl-C stops everything.\n"
+                        f"Agents: {', '.join(agents)}. Ctrl-C stops everything.\n"
                     )
                 )
             elif not launcher.stop_requested:
@@ -61,3 +95,25 @@ class Command(BaseCommand):
             launcher.run_until_stopped()
         finally:
             launcher.stop()
+
+    def _seed_warranty_agent(
+        self, tenant: Tenant, *, api: str, model_port: int
+    ) -> bool:
+        """Define the second demo agent through this server's own API, over HTTP
+        (runs/demo_warranty.py says why then); False, saying why, if refused."""
+        try:
+            report = demo_seed_warranty_agent(
+                tenant=tenant,
+                model_url=f"http://127.0.0.1:{model_port}/v1",
+                # Bound to every address: reach it on loopback.
+                api_url=api.replace("//0.0.0.0:", "//127.0.0.1:"),
+            )
+        except DemoSeedError as refused:
+            self.stderr.write(
+                "The second demo agent (kettlecraft-warranty) is not available: "
+                f"{refused}\nThe first one is; `manage.py dev --no-mcp-demo` skips "
+                "this step."
+            )
+            return False
+        self.stdout.write(f"Demo: {report.describe()}")
+        return True

@@ -2,13 +2,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.demo import demo_seed, describe_logins
+from runs.demo_warranty import DEMO_MODEL_URL, DemoSeedError, demo_seed_warranty_agent
 
 
 class Command(BaseCommand):
-    help = "Create the demo tenant, its users and demo data (idempotent)."
+    help = (
+        "Create the demo tenant, its users and demo data (idempotent). With "
+        "--with-mcp, also define the second agent through the API: a local "
+        "OpenAI-compatible endpoint and an MCP stdio server in the sandbox."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument(
@@ -16,7 +21,27 @@ class Command(BaseCommand):
             action="store_true",
             help="Set a new password for the demo users (DEMO_PASSWORD or generated).",
         )
+        parser.add_argument(
+            "--with-mcp",
+            action="store_true",
+            help="Also seed the 'kettlecraft-warranty' agent (docs/demo.md).",
+        )
+        parser.add_argument(
+            "--model-url",
+            default=DEMO_MODEL_URL,
+            help="Base URL of the demo's model server (make run starts one itself; "
+            "otherwise: python -m runs.devserver --demo --port 8011).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         logins = demo_seed(reset_password=options["reset_password"])
         self.stdout.write(describe_logins(logins))
+        if not options["with_mcp"]:
+            return
+        try:
+            report = demo_seed_warranty_agent(
+                tenant=logins.tenant, model_url=options["model_url"]
+            )
+        except DemoSeedError as refused:
+            raise CommandError(f"The warranty agent is not seeded: {refused}") from None
+        self.stdout.write(report.describe())
