@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 from runs.demo import demo_seed_shop
 from runs.models import Agent, AgentVersion
 from runs.services import run_start
+from tests.frontend.test_browser import SCREENSHOTS
 
 pytestmark = [pytest.mark.browser]
 
@@ -60,6 +61,7 @@ def test_admin_creates_and_edits_an_agent_and_a_new_run_shows_v2(
     model_row = page.locator('#compare-table tr[data-field="model"]')
     expect(model_row).to_contain_text("scripted")
     expect(model_row).to_contain_text("scripted-2")
+    page.screenshot(path=str(SCREENSHOTS / "agent-versions.png"), full_page=True)
     agent = Agent.objects.get(slug="helper", tenant=tenant)
     assert list(
         AgentVersion.objects.filter(agent=agent)
