@@ -3,10 +3,11 @@
 Deltas are ephemeral: they go to the run's channel group, never to the event log,
 and a client that misses some loses nothing that counts (spec §1.4: the span
 stored when it ends holds the whole output; that is the record). They are
-throttled: text is gathered and sent at most every `interval` seconds, plus the
-tail when the call ends. Each message says where its text starts (`offset`), so a
-client sees a gap or a repeat; a `reset` says the text so far is void (a dropped
-stream asked again, a fallback answering).
+throttled: text is gathered and sent at most every `interval` seconds (what
+waits is sent after at most `interval`), plus the tail when the call ends. Each
+message says where its text starts (`offset`), so a client sees a gap or a
+repeat; a `reset` says the text so far is void (a dropped stream asked again, a
+fallback answering).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class SpanDeltaRelay:
         self._pending: list[str] = []
         self._sent = 0  # characters sent so far
         self._last = 0.0
+        self._timer: threading.Timer | None = None
         self.messages = 0
 
     def __call__(self, text: str) -> None:
@@ -71,9 +73,23 @@ class SpanDeltaRelay:
             self._pending.append(text)
             if self._clock() - self._last >= self.interval:
                 self._flush()
+            elif self._timer is None:
+                # The tail goes out even if the model pauses (writing a tool
+                # call's arguments, which are not shown live).
+                self._timer = threading.Timer(self.interval, self._flush_later)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _flush_later(self) -> None:
+        with self._lock:
+            self._timer = None
+            self._flush()
 
     def discard(self, reason: str) -> None:
         with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             self._pending = []
             if self._sent:
                 self._send(offset=0, text="", reset=True)
@@ -82,6 +98,9 @@ class SpanDeltaRelay:
     def close(self) -> None:
         """Send what is still gathered (the call ended)."""
         with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             self._flush()
 
     def _flush(self) -> None:
