@@ -61,6 +61,12 @@ class BudgetVector:
         )
 
 
+# The largest caps accepted: a count a database integer holds, and a cost that
+# is still a finite float.
+MAX_COUNT = 2**63 - 1
+MAX_COST = Decimal(10**12)
+
+
 @dataclass(frozen=True)
 class BudgetLimits:
     """Caps per run; `None` means no cap on that dimension."""
@@ -96,11 +102,16 @@ class BudgetLimits:
                 value = data[name]
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise ValueError(f"{name} must be a non-negative integer")
+                if value > MAX_COUNT:
+                    raise ValueError(f"{name} must be at most {MAX_COUNT}")
                 values[name] = value
         if data.get("max_cost") is not None:
             cost = Decimal(str(data["max_cost"]))
             if not cost.is_finite() or cost < 0:
                 raise ValueError("max_cost must be a non-negative number")
+            if cost > MAX_COST:
+                # Beyond a float (1e400 is inf), which spans and JSON cannot hold.
+                raise ValueError(f"max_cost must be at most {MAX_COST}")
             values["max_cost"] = cost
         if data.get("max_wall_seconds") is not None:
             wall = data["max_wall_seconds"]

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from decimal import InvalidOperation
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import URLValidator, validate_slug
 
 from controlplane.models import Tenant
 from controlplane.secrets import secret_exists, secret_name_problem
+from runs.engine.adapters.scripted import script_entry_problems
 from runs.engine.budget import BudgetLimits
 from runs.evaluators import EVALUATORS
 from runs.models import AgentVersion, ModelEndpoint
@@ -241,6 +243,10 @@ def agent_config_validate(
         problems.add("script", "must be a list of reply objects")
     elif len(script) > MAX_SCRIPT_REPLIES:
         problems.add("script", f"has {len(script)} replies; at most 1000")
+    else:  # a reply the scripted model cannot read fails here, not at the run
+        for index, entry in enumerate(script):
+            for why in script_entry_problems(entry, f"script[{index}]")[:5]:
+                problems.add("script", why)
     out["script"] = script
     problems.raise_any()
     return out
@@ -336,6 +342,14 @@ def endpoint_validate(
             URLValidator(schemes=["http", "https"])(base_url)
         except DjangoValidationError:
             problems.add("base_url", "must be an http(s) URL")
+        else:
+            # The URL is shown to every member and recorded on spans: a key
+            # belongs in the secret store.
+            if "@" in urlsplit(base_url).netloc:
+                problems.add(
+                    "base_url",
+                    "put credentials in a secret (api_key_secret), not in the URL",
+                )
     secret = merged["api_key_secret"]
     if secret not in ("", None) and (why := secret_name_problem(secret)):
         problems.add("api_key_secret", why)

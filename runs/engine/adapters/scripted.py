@@ -70,6 +70,49 @@ def branch_of(entry: ScriptEntry, messages: Sequence[Mapping[str, Any]]) -> Scri
     return entry
 
 
+def script_entry_problems(entry: Any, where: str) -> list[str]:
+    """What makes a script entry unusable (an agent definition is refused with
+    these instead of its runs failing at the reply with a bare TypeError)."""
+    if not isinstance(entry, Mapping):
+        return [f"{where} must be an object"]
+    problems: list[str] = []
+    for key in ("text", "finish_reason", "model"):
+        if entry.get(key) is not None and not isinstance(entry[key], str):
+            problems.append(f"{where}.{key} must be a string")
+    calls = entry.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        problems.append(f"{where}.tool_calls must be a list of calls")
+    for position, call in enumerate(calls if isinstance(calls, list) else ()):
+        at = f"{where}.tool_calls[{position}]"
+        if not isinstance(call, Mapping):
+            problems.append(f"{at} must be an object: name, arguments, id")
+            continue
+        if not isinstance(call.get("name"), str) or not call["name"]:
+            problems.append(f"{at}.name must be the tool's name")
+        if not isinstance(call.get("arguments", {}), Mapping | str):
+            problems.append(f"{at}.arguments must be an object (or its JSON text)")
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            problems.append(f"{at}.id must be a string")
+    usage = entry.get("usage")
+    counts = ("input_tokens", "output_tokens")
+    if usage is not None and (
+        not isinstance(usage, Mapping)
+        or not all(
+            type(usage.get(k) or 0) is int and 0 <= (usage.get(k) or 0) < 2**31
+            for k in counts
+        )
+    ):
+        problems.append(
+            f"{where}.usage must be {{input_tokens, output_tokens}} as counts"
+        )
+    branches = entry.get("on_error")
+    if branches is not None and not isinstance(branches, Mapping):
+        problems.append(f"{where}.on_error must map a call id to a reply")
+    for call_id, branch in (branches if isinstance(branches, Mapping) else {}).items():
+        problems += script_entry_problems(branch, f"{where}.on_error[{call_id}]")
+    return problems
+
+
 def reply_from_entry(entry: ScriptEntry, index: int, model: str) -> ModelReply:
     """Turn one script entry into a reply; call ids default to `call_<n>_<i>`."""
     if isinstance(entry, ModelReply):
