@@ -134,18 +134,29 @@ def read_until(
     process: subprocess.Popen[str], prefix: str, timeout: float
 ) -> list[str]:
     """The process's output lines up to the first that starts with `prefix`, or
-    what came before `timeout` (the process is then killed)."""
+    what came before `timeout` (the process is then killed).
+
+    It reads the pipe's raw bytes: a `readline()` of the text wrapper could take
+    two lines from the pipe at once and keep the second in its buffer, where
+    `select` never sees it (the run's last lines came together on a loaded box,
+    and the test waited its whole timeout for a line it had already read)."""
     assert process.stdout is not None
+    fd = process.stdout.fileno()
+    pending = b""
     lines: list[str] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.2)
-        if ready:
-            line = process.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if line.startswith(prefix):
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        pending += chunk
+        while b"\n" in pending:
+            raw, pending = pending.split(b"\n", 1)
+            lines.append(raw.decode() + "\n")
+            if lines[-1].startswith(prefix):
                 return lines
     process.kill()
     return lines
