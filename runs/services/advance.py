@@ -377,6 +377,12 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
         limits=runtime.limits,
     )
     if isinstance(reply, ModelError):
+        # A cancel asked while the call ran (an endless stream lasts until its
+        # deadline) is the operator's word on how the run ended; the model's
+        # error stays on the chat span.
+        asked = Run.objects.filter(id=ctx.run.id, cancel_requested=True).exists()
+        if asked:
+            _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
         _finish(ctx, StopReason.MODEL_ERROR, detail=str(reply))
     assert isinstance(reply, ModelReply)
     usage = billable_usage(reply, plan)

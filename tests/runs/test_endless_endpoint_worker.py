@@ -15,6 +15,7 @@ import pytest
 from runs.devserver import Behaviour, ChatCompletionsServer
 from runs.models import Run
 from tests.conftest import WorkerProcess, start_worker
+from tests.runs.conftest import MISSING_KEY
 
 DEADLINE_SECONDS = 6
 
@@ -94,3 +95,46 @@ def test_an_endpoint_that_never_finishes_fails_the_run_and_frees_the_worker(
     model.reply("All good.")
     after = run_to_the_end(operator_api, agent)
     assert after.final_answer == "All good.", (after.status, after.stop_detail)
+
+
+def test_a_missing_key_fails_the_run_at_once_on_a_worker_and_cancel_is_final(
+    keyless_agent, operator_api, worker
+):
+    """The issue's first bad input, with a real worker (test_missing_key.py drives
+    the step in-process): failed within seconds, never left `running` for
+    recovery, and a cancel of the ended run changes nothing."""
+    began = time.monotonic()
+    run = run_to_the_end(operator_api, keyless_agent.slug, timeout=60)
+    assert time.monotonic() - began < 30
+    assert (run.status, run.stop_reason) == ("failed", "model_error")
+    assert f"secret '{MISSING_KEY}' is not set in this tenant" in run.stop_detail
+    assert run.lease_owner == "" and run.step_token is None
+    cancel = operator_api.post(f"/api/v1/runs/{run.id}/cancel/")
+    assert cancel.status_code in (200, 409), cancel.content
+    run.refresh_from_db()
+    assert (run.status, run.stop_reason) == ("failed", "model_error")
+
+
+def test_a_cancel_during_an_endless_stream_takes_effect(
+    model, agent, operator_api, worker
+):
+    """Cancel is answered at once and ends the run no later than the model call's
+    deadline, though the stream never ends by itself."""
+    for _ in range(4):
+        model.push(Behaviour(endless=True, chunk_delay=0.05))
+    started = operator_api.post(
+        "/api/v1/runs/", {"agent": agent, "input": "hi"}, format="json"
+    )
+    run_id = started.json()["id"]
+    deadline = time.monotonic() + 30
+    while len(model.requests) == 0:  # the worker is reading the stream
+        assert time.monotonic() < deadline, "the model was never called"
+        time.sleep(0.1)
+    cancel = operator_api.post(f"/api/v1/runs/{run_id}/cancel/")
+    assert cancel.status_code == 200, cancel.content
+    asked = time.monotonic()
+    while (run := Run.objects.get(pk=run_id)).status not in Run.TERMINAL:
+        assert time.monotonic() - asked < DEADLINE_SECONDS + 20, run.status
+        time.sleep(0.2)
+    assert run.status == Run.Status.CANCELLED
+    assert run.final_answer == ""
