@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
+from controlplane.celery import app as celery_app
 from controlplane.models import ApiToken, AuditEvent
 from runs.demo_warranty import (
     DEMO_ENDPOINT_SLUG,
@@ -128,3 +129,12 @@ def test_reseeding_changes_nothing_and_a_moved_model_url_is_patched_in_place(
     endpoint = ModelEndpoint.objects.get(slug=DEMO_ENDPOINT_SLUG)
     assert endpoint.base_url == "http://127.0.0.1:9/v1"
     assert AgentVersion.objects.count() == counts[0]  # not a new version
+
+
+def test_with_no_redis_the_seed_says_so_and_defines_nothing(settings, monkeypatch):
+    settings.DEMO_PASSWORD = "demo-pass-4821"
+    monkeypatch.setattr(celery_app.conf, "broker_url", "redis://127.0.0.1:9/0")
+    with pytest.raises(CommandError, match="no Redis at redis://127.0.0.1:9/0"):
+        call_command("seed_demo", "--with-mcp")
+    assert not McpServer.objects.exists()
+    assert not Agent.objects.filter(slug=DEMO_WARRANTY_AGENT_SLUG).exists()

@@ -4,7 +4,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from controlplane.celery import app as celery_app
 from controlplane.demo import demo_seed, describe_logins
+from controlplane.health import redis_status
 from runs.demo_warranty import DEMO_MODEL_URL, DemoSeedError, demo_seed_warranty_agent
 
 
@@ -38,6 +40,14 @@ class Command(BaseCommand):
         self.stdout.write(describe_logins(logins))
         if not options["with_mcp"]:
             return
+        redis = redis_status()
+        if redis != "ok":
+            # The API's bearer authentication counts failed tokens in Redis.
+            raise CommandError(
+                f"The warranty agent is not seeded: no Redis at "
+                f"{celery_app.conf.broker_url} ({redis}); start `make run` (which "
+                "seeds it itself) or set REDIS_URL."
+            )
         try:
             report = demo_seed_warranty_agent(
                 tenant=logins.tenant, model_url=options["model_url"]
