@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.fernet import Fernet
 
 from controlplane.embedded_redis import EmbeddedRedis, die_with_parent, free_local_port
 
@@ -163,6 +164,8 @@ class Topology:
         self.web_port = 0
         self.services: list[Service] = []
         self.secret_key = secrets.token_urlsafe(50)
+        # Compose requires CONTROLPLANE_SECRET_KEYS with DEBUG off; so does this.
+        self.secret_store_key = Fernet.generate_key().decode()
         self.stopped = False
         # Taken now: the harness later points its own environment at the
         # topology (and quietens its own logging); services must not inherit that.
@@ -189,6 +192,7 @@ class Topology:
         environ.update(
             DEBUG="false",
             SECRET_KEY=self.secret_key,
+            CONTROLPLANE_SECRET_KEYS=self.secret_store_key,
             ALLOWED_HOSTS="127.0.0.1,localhost",
             SECURE_COOKIES="false",  # plain HTTP on loopback
             DATABASE_URL=self.database_url,
