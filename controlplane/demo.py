@@ -87,6 +87,29 @@ def demo_seed(*, reset_password: bool = False) -> DemoLogins:
     return logins
 
 
+class DemoSeedError(RuntimeError):
+    """The API refused a request of a seeder; the message says which and why."""
+
+
+# `python -m runs.devserver --demo`'s default address, for a seed with no
+# model server of its own (make run starts one and passes its address).
+DEMO_MODEL_URL = "http://127.0.0.1:8011/v1"
+
+
+def demo_seed_through_api(
+    *, tenant: Tenant, model_url: str = DEMO_MODEL_URL, api_url: str = ""
+) -> list[str]:
+    """Run every app's API seeder (settings.DEMO_API_SEEDERS), which defines demo
+    data through the API as the demo admin: over HTTP at `api_url`, or with none
+    in-process. Returns what each did; raises `DemoSeedError` when refused."""
+    return [
+        import_string(dotted)(
+            tenant=tenant, model_url=model_url, api_url=api_url
+        ).describe()
+        for dotted in settings.DEMO_API_SEEDERS
+    ]
+
+
 def describe_logins(logins: DemoLogins) -> str:
     users = ", ".join(logins.usernames)
     if logins.password is None:

@@ -45,6 +45,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
+from controlplane.demo import DEMO_MODEL_URL, DemoSeedError
 from controlplane.models import ApiToken, Tenant
 from controlplane.services import api_token_issue, api_token_revoke
 from runs.devserver.demo import DEMO_MODEL
@@ -56,16 +57,11 @@ DEMO_MCP_TOOL = "warranty_lookup"
 # The sandbox's interpreter (run_code's too); `-m warranty` finds the server on
 # the read-only PYTHONPATH of stdio servers (MCP_STDIO_READONLY_PATHS).
 DEMO_MCP_COMMAND = ["/usr/bin/python3", "-m", "warranty"]
-DEMO_MODEL_URL = "http://127.0.0.1:8011/v1"  # `python -m runs.devserver`'s default
 DEMO_ADMIN = "admin"
 DEMO_WARRANTY_PROMPT = (
     "You are Kettlecraft's warranty desk. Look the order and its warranty up "
     "before answering, and say how many months of warranty are left."
 )
-
-
-class DemoSeedError(RuntimeError):
-    """The API refused a request of the seed; the message says which and why."""
 
 
 @dataclass

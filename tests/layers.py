@@ -41,8 +41,6 @@ COMPOSITION_ROOT_FILES = frozenset(
         "controlplane/celery.py",
         "controlplane/launcher.py",
         "controlplane/views.py",
-        "controlplane/management/commands/dev.py",
-        "controlplane/management/commands/seed_demo.py",
     }
 )
 COMPOSITION_ROOT_PACKAGES = ("controlplane/settings/",)

@@ -248,6 +248,9 @@ if not DEBUG:
 
 # Each app that owns demo data adds its seeder; `seed_demo` calls them in order.
 DEMO_SEEDERS: list[str] = []
+# Seeders that define demo data through the API (`seed_demo --with-mcp`, and
+# `make run` once its server answers): f(*, tenant, model_url, api_url).
+DEMO_API_SEEDERS: list[str] = []
 # Each app that reports gauges read at scrape time (GET /metrics) adds a function
 # returning prometheus-client metric families (controlplane.metrics).
 METRICS_COLLECTORS: list[str] = []

@@ -7,7 +7,12 @@ import sysconfig
 from typing import Any
 
 from controlplane.environment import env
-from controlplane.settings.base import BASE_DIR, DEMO_SEEDERS, METRICS_COLLECTORS
+from controlplane.settings.base import (
+    BASE_DIR,
+    DEMO_API_SEEDERS,
+    DEMO_SEEDERS,
+    METRICS_COLLECTORS,
+)
 from controlplane.settings.broker import CELERY_BEAT_SCHEDULE
 
 # Runs: caps every run starts from (an agent or a run request may only lower them).
@@ -81,6 +86,7 @@ CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
     "schedule": RUN_RECOVERY_INTERVAL_SECONDS,
 }
 DEMO_SEEDERS.append("runs.demo.demo_seed_shop")
+DEMO_API_SEEDERS.append("runs.demo_warranty.demo_seed_warranty_agent")
 METRICS_COLLECTORS.append("runs.metrics.run_gauges")
 
 # Data lifecycle (docs/data.md): terminal runs older than a tenant's retention are

@@ -8,11 +8,15 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from controlplane import secret_keys
-from controlplane.demo import demo_seed, describe_logins
+from controlplane.demo import (
+    DemoSeedError,
+    demo_seed,
+    demo_seed_through_api,
+    describe_logins,
+)
 from controlplane.embedded_redis import free_local_port
 from controlplane.launcher import Launcher, install_stop_handlers
 from controlplane.models import Tenant
-from runs.demo_warranty import DemoSeedError, demo_seed_warranty_agent
 
 
 class Command(BaseCommand):
@@ -102,7 +106,7 @@ class Command(BaseCommand):
         """Define the second demo agent through this server's own API, over HTTP
         (runs/demo_warranty.py says why then); False, saying why, if refused."""
         try:
-            report = demo_seed_warranty_agent(
+            done = demo_seed_through_api(
                 tenant=tenant,
                 model_url=f"http://127.0.0.1:{model_port}/v1",
                 # Bound to every address: reach it on loopback.
@@ -115,5 +119,6 @@ class Command(BaseCommand):
                 "this step."
             )
             return False
-        self.stdout.write(f"Demo: {report.describe()}")
+        for line in done:
+            self.stdout.write(f"Demo: {line}")
         return True

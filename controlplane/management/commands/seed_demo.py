@@ -5,9 +5,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.celery import app as celery_app
-from controlplane.demo import demo_seed, describe_logins
+from controlplane.demo import (
+    DEMO_MODEL_URL,
+    DemoSeedError,
+    demo_seed,
+    demo_seed_through_api,
+    describe_logins,
+)
 from controlplane.health import redis_status
-from runs.demo_warranty import DEMO_MODEL_URL, DemoSeedError, demo_seed_warranty_agent
 
 
 class Command(BaseCommand):
@@ -49,9 +54,9 @@ class Command(BaseCommand):
                 "seeds it itself) or set REDIS_URL."
             )
         try:
-            report = demo_seed_warranty_agent(
+            done = demo_seed_through_api(
                 tenant=logins.tenant, model_url=options["model_url"]
             )
         except DemoSeedError as refused:
             raise CommandError(f"The warranty agent is not seeded: {refused}") from None
-        self.stdout.write(report.describe())
+        self.stdout.write("\n".join(done))
