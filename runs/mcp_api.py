@@ -19,7 +19,7 @@ from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 from runs import selectors
 from runs.engine.contracts import ContractError, parse_quota
-from runs.mcp.client import mcp_model_name
+from runs.mcp.endpoint import mcp_model_name
 from runs.models import McpServer, McpTool
 from runs.services import mcp as services
 

@@ -15,7 +15,7 @@ from typing import Any
 
 DEMO_MODEL = "kettlecraft-local"
 # The model-visible name of the MCP tool `mcp:warranty/warranty_lookup`
-# (runs.mcp.client.mcp_model_name; a test checks they agree).
+# (runs.mcp.endpoint.mcp_model_name; a test checks they agree).
 WARRANTY_TOOL = "warranty_warranty_lookup"
 DEMO_WARRANTY_INPUT = (
     "My copper kettle from order #4821 arrived with a dented spout. "

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from controlplane.secrets import secret_value
-from runs.mcp.client import McpEndpoint, PipedProcess, StdioFactory
+from runs.mcp.endpoint import McpEndpoint, PipedProcess, StdioFactory
 from runs.models import McpServer
 from runs.sandbox import (
     HostPort,

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.engine.validation import SchemaError, prepare_schema
-from runs.mcp.client import ListedTool
+from runs.mcp.endpoint import ListedTool
 from runs.models import McpServer, McpTool
 
 

@@ -26,8 +26,9 @@ from controlplane.celery import app as celery_app
 from controlplane.models import Tenant
 from controlplane.secrets import SecretMissing, secret_exists
 from controlplane.services import audit_record
-from runs.mcp.client import ListedTool, McpFailure, mcp_list_tools
+from runs.mcp.client import mcp_list_tools
 from runs.mcp.connection import mcp_endpoint_for
+from runs.mcp.endpoint import ListedTool, McpFailure
 from runs.mcp.pinning import ListingChanges, definition_problem, mcp_listing_apply
 from runs.models import McpServer, McpTool
 from runs.sandbox import HostPort, SandboxSpecError, SandboxUnavailable, probe_host

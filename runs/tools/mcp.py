@@ -36,8 +36,9 @@ from runs.engine.contracts import (
 )
 from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
 from runs.engine.tools import Tool, ToolContext
-from runs.mcp.client import McpFailure, clip, mcp_call_tool, mcp_model_name
+from runs.mcp.client import mcp_call_tool
 from runs.mcp.connection import mcp_endpoint_for, sandbox_evidence
+from runs.mcp.endpoint import McpFailure, clip, mcp_model_name
 from runs.mcp.pinning import mcp_listing_apply
 from runs.models import McpServer, McpTool
 

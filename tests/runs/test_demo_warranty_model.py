@@ -21,7 +21,7 @@ from runs.devserver.demo import DEMO_WARRANTY_SCRIPT, WARRANTY_TOOL
 from runs.engine.adapters import build_model_adapter
 from runs.engine.evaluator import EvaluationSubject, Verdict
 from runs.evaluators import WarrantyAnsweredEvaluator
-from runs.mcp.client import mcp_model_name
+from runs.mcp.endpoint import mcp_model_name
 from tests.conftest import BASE_DIR
 
 ORDER = {"order_id": "4821", "item": "Copper kettle, 1.7 l"}

@@ -13,7 +13,7 @@ from django.test import override_settings
 
 from controlplane.models import AuditEvent
 from controlplane.secrets import secret_set
-from runs.mcp.client import definition_sha256
+from runs.mcp.endpoint import definition_sha256
 from runs.models import McpServer, McpTool
 from runs.tools.registry import tool_registry_for, unknown_tool_refs
 from tests.runs.mcp_servers import HttpMcpServer, JunkHttpServer, build, redefine
