@@ -90,6 +90,26 @@ def _member_summary(membership: Membership) -> dict[str, Any]:
     }
 
 
+def _audit_member_change(
+    current: Membership,
+    *,
+    action: str,
+    before: dict[str, Any],
+    actor: User | None,
+    remote_addr: str | None,
+) -> None:
+    audit_record(
+        tenant=current.tenant,
+        actor=actor,
+        action=action,
+        object_type="membership",
+        object_id=str(current.id),
+        before=before,
+        after=_member_summary(current),
+        remote_addr=remote_addr,
+    )
+
+
 @transaction.atomic
 def member_invite(
     *,
@@ -250,14 +270,11 @@ def member_role_set(
     before = _member_summary(current)
     current.role = Role(role)
     current.save(update_fields=["role"])
-    audit_record(
-        tenant=current.tenant,
-        actor=actor,
+    _audit_member_change(
+        current,
         action="member.role",
-        object_type="membership",
-        object_id=str(current.id),
         before=before,
-        after=_member_summary(current),
+        actor=actor,
         remote_addr=remote_addr,
     )
     return current
@@ -283,14 +300,11 @@ def member_deactivate(
         used_at__isnull=True,
         revoked_at__isnull=True,
     ).update(revoked_at=now)
-    audit_record(
-        tenant=current.tenant,
-        actor=actor,
+    _audit_member_change(
+        current,
         action="member.deactivate",
-        object_type="membership",
-        object_id=str(current.id),
         before=before,
-        after=_member_summary(current),
+        actor=actor,
         remote_addr=remote_addr,
     )
     return current
@@ -306,14 +320,11 @@ def member_reactivate(
     before = _member_summary(current)
     current.deactivated_at = None
     current.save(update_fields=["deactivated_at"])
-    audit_record(
-        tenant=current.tenant,
-        actor=actor,
+    _audit_member_change(
+        current,
         action="member.reactivate",
-        object_type="membership",
-        object_id=str(current.id),
         before=before,
-        after=_member_summary(current),
+        actor=actor,
         remote_addr=remote_addr,
     )
     return current
