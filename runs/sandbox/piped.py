@@ -15,9 +15,7 @@ does.
 from __future__ import annotations
 
 import os
-import select
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +26,9 @@ from .capabilities import (
     require_layers,
 )
 from .result import SandboxResult
-from .runner import _enforcement, _Files, _memfd, _Process, _Run
+from .runner import _enforcement, _Files, _memfd, _Run
 from .spec import SandboxSettings, SandboxSpec, SandboxSpecError, validate_spec
 
-_TICK_SECONDS = 0.01
 _STOP_JOIN_SECONDS = 15.0
 
 
@@ -59,35 +56,14 @@ class _PipedRun(_Run):
             out=self.stdout_write, err=_memfd("stderr"), stdin=self.stdin_read
         )
 
-    def _watch(self, proc: _Process, files: _Files, deadline: float) -> str | None:
-        """Wait for exit, the wall clock, a stop request or the pids limit; output
-        is a pipe the caller reads (and bounds), so only stderr is measured."""
-        cap = 2 * self.spec.limits.output_bytes
-        watch_pids = self.settings.kill_on_pids_limit and self.cgroup is not None
-        if proc.returncode is not None:
-            return None
-        pidfd = os.pidfd_open(proc.pid)
-        try:
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return "wall_clock"
-                if poller.poll(min(remaining, _TICK_SECONDS) * 1000):
-                    return None
-                if self.stop_requested.is_set():
-                    return "stopped"
-                if os.fstat(files.err).st_size > cap:
-                    return "output_limit"
-                if (
-                    watch_pids
-                    and self.cgroup is not None
-                    and self.cgroup.pids_limit_hit()
-                ):
-                    return "pids_limit"
-        finally:
-            os.close(pidfd)
+    def _between_waits(self, files: _Files) -> str | None:
+        """A stop request, or stderr over its cap: stdout is a pipe the caller
+        reads (and bounds)."""
+        if self.stop_requested.is_set():
+            return "stopped"
+        if os.fstat(files.err).st_size > 2 * self.spec.limits.output_bytes:
+            return "output_limit"
+        return None
 
 
 class SandboxProcess:

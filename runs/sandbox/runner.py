@@ -507,7 +507,6 @@ class _Run:
 
     def _watch(self, proc: _Process, files: _Files, deadline: float) -> str | None:
         """Wait on a pidfd until exit, wall clock, output cap or the pids limit."""
-        cap = 2 * self.spec.limits.output_bytes
         watch_pids = self.settings.kill_on_pids_limit and self.cgroup is not None
         if proc.returncode is not None:
             return None  # already reaped while joining the cgroup (bwrap failed)
@@ -521,9 +520,9 @@ class _Run:
                     return "wall_clock"
                 if poller.poll(min(remaining, _TICK_SECONDS) * 1000):
                     return None
-                size = os.fstat(files.out).st_size + os.fstat(files.err).st_size
-                if size > cap:
-                    return "output_limit"
+                cause = self._between_waits(files)
+                if cause is not None:
+                    return cause
                 if (
                     watch_pids
                     and self.cgroup is not None
@@ -532,6 +531,12 @@ class _Run:
                     return "pids_limit"
         finally:
             os.close(pidfd)
+
+    def _between_waits(self, files: _Files) -> str | None:
+        """Why to end the workload between two waits, if anything: its output
+        over the cap (twice the bytes kept, so truncation is still seen)."""
+        size = os.fstat(files.out).st_size + os.fstat(files.err).st_size
+        return "output_limit" if size > 2 * self.spec.limits.output_bytes else None
 
     def _kill(self, proc: _Process) -> str:
         """Kill the whole tree; returns the methods used.
