@@ -25,6 +25,8 @@ from runs.demo_warranty import (
 from runs.devserver import ChatCompletionsServer
 from runs.devserver.demo import DEMO_WARRANTY_INPUT, DEMO_WARRANTY_SCRIPT
 from runs.models import Agent, AgentVersion, McpServer, ModelEndpoint, Run, ToolCall
+from tests.conftest import wait_for
+from tracing.models import Span
 from tracing.selectors import run_spans_with_payloads
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -90,6 +92,11 @@ def test_the_api_defined_agent_runs_end_to_end_on_a_worker(
     assert all(r["body"].get("stream") for r in demo_model.requests)
     assert "months_left" in json.dumps(demo_model.requests[-1]["body"]["messages"])
 
+    # The step's spans are stored when its task ends, just after the run settles.
+    wait_for(
+        lambda: not Span.objects.filter(run=run, ended_at__isnull=True).exists(),
+        what="every span of the run ended",
+    )
     spans = run_spans_with_payloads(tenant=run.tenant, run_id=run.id)
     tool_span = next(
         (s, p) for s, p in spans if s.name == "execute_tool warranty_warranty_lookup"
