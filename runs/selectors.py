@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any
 
 from django.db.models import Count, Prefetch, QuerySet, Sum
@@ -174,3 +176,12 @@ def mcp_tool_for(*, tenant: Tenant, server_id: uuid.UUID, name: str) -> McpTool 
         .select_related("server", "server__tenant")
         .first()
     )
+
+
+def run_steps_cost(*, run: Run, indexes: Iterable[int]) -> Decimal:
+    """What the run's steps with these indexes cost (a subtree's model calls)."""
+    wanted = list(indexes)
+    if not wanted:
+        return Decimal(0)
+    total = Step.objects.filter(run=run, index__in=wanted).aggregate(c=Sum("cost"))
+    return total["c"] or Decimal(0)

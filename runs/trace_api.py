@@ -6,9 +6,11 @@ and stores the rows."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -29,12 +31,14 @@ from controlplane.permissions import Action, Gate, context_may, declares
 from controlplane.redaction import redact
 from controlplane.tenancy import tenant_context_for, tenant_of
 from runs.models import Run
-from runs.selectors import run_for_tenant
+from runs.selectors import run_for_tenant, run_steps_cost
 from runs.services.external import ingest_spans
 from tracing import selectors
 from tracing.ingest import IngestError, LimitExceeded, decode_body, parse_request
+from tracing.models import Span
 from tracing.services import event_message
 from tracing.store import span_event_payload
+from tracing.tree import MAX_MATCHES, span_search, span_subtree_totals
 
 MAX_PAGE = 1000
 
@@ -142,6 +146,79 @@ class SpanDetailApi(APIView):
             name: json.loads(text) for name, text in payloads.items()
         }
         return Response(redact(body))
+
+
+SEARCH_STATUSES = {choice.value for choice in Span.Status}
+
+
+class RunSpanSearchApi(APIView):
+    gate: Gate = {"GET": Action.RUN_READ}
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("q", str, description="text in a span's name, status "
+                             "or an attribute value (case-insensitive)"),
+            OpenApiParameter("status", str, description="only spans with this "
+                             "status (error: also abandoned)"),
+            OpenApiParameter("span_id", str, description="one span (deep link)"),
+            OpenApiParameter("limit", int, description=f"at most {MAX_MATCHES}"),
+        ],
+        responses={200: dict},
+    )  # fmt: skip
+    def get(self, request: Request, run_id: str) -> Response:
+        """Spans of the run matching a search, in the tree's row order, each
+        with its path from the root; `spans` holds every match and ancestor."""
+        run = _run_of(request, run_id)
+        text = request.query_params.get("q", "")
+        status = request.query_params.get("status", "")
+        span_id = request.query_params.get("span_id", "")
+        if len(text) > 200:
+            raise ValidationError({"q": ["at most 200 characters"]})
+        if status and status not in SEARCH_STATUSES:
+            raise ValidationError(
+                {"status": [f"one of {', '.join(sorted(SEARCH_STATUSES))}"]}
+            )
+        if span_id and (len(span_id) != 16 or not _is_hex(span_id)):
+            raise ValidationError({"span_id": ["a span_id is 16 hex digits"]})
+        if not (text.strip() or status or span_id):
+            raise ValidationError({"q": ["give q, status or span_id"]})
+        limit = _bounded_int(request, "limit", MAX_MATCHES, maximum=MAX_MATCHES) or 1
+        result = span_search(
+            run_id=run.id, text=text, status=status, span_id=span_id.lower(),
+            limit=limit,
+        )  # fmt: skip
+        spans = [*result.ancestors, *result.matches]
+        return Response(
+            {
+                "count": result.count,
+                "truncated": result.truncated,
+                "matches": [
+                    {"span_id": s.span_id, "path": result.paths[s.span_id]}
+                    for s in result.matches
+                ],
+                "spans": [redact(span_event_payload(s)) for s in spans],
+            }
+        )
+
+
+class SpanSubtreeApi(APIView):
+    gate: Gate = {"GET": Action.RUN_READ}
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, span_pk: int) -> Response:
+        """Totals of a span and everything under it: spans, errors, tokens,
+        cost, time in model calls, in tools and waiting for a person."""
+        tenant = tenant_of(request).tenant
+        span = selectors.span_for_tenant(tenant=tenant, span_pk=span_pk)
+        if span is None:
+            raise NotFound("No such span.")
+        totals = span_subtree_totals(run_id=span.run_id, span=span, now=timezone.now())
+        cost = run_steps_cost(run=span.run, indexes=totals.step_indexes)
+        body = totals.as_dict()
+        total = cost + Decimal(str(totals.cost_attributes))
+        body["cost"] = str(total.quantize(Decimal("0.000001")))
+        body["span_id"] = span.span_id
+        return Response(body)
 
 
 def _is_hex(text: str) -> bool:

@@ -83,7 +83,17 @@ urlpatterns = [
         trace_api.RunSpanListApi.as_view(),
         name="api-run-spans",
     ),
+    path(
+        "runs/<str:run_id>/spans/search/",
+        trace_api.RunSpanSearchApi.as_view(),
+        name="api-run-span-search",
+    ),
     path("spans/<int:span_pk>/", trace_api.SpanDetailApi.as_view(), name="api-span"),
+    path(
+        "spans/<int:span_pk>/subtree/",
+        trace_api.SpanSubtreeApi.as_view(),
+        name="api-span-subtree",
+    ),
     path("retention/", data_api.RetentionApi.as_view(), name="api-retention"),
     path("budget/", budget_api.BudgetApi.as_view(), name="api-budget"),
     # The approvals API's operations that act on runs (approvals/urls.py has the rest).
