@@ -20,6 +20,7 @@ from budgets.services import BudgetInputError, budget_as_dict
 from controlplane.models import Tenant
 from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
+from runs.budget_burn import budget_activity_for
 from runs.selectors import tenant_budget_usage
 from runs.services.admission import active_run_count, budget_update_and_admit
 
@@ -59,3 +60,14 @@ class BudgetApi(APIView):
         except BudgetInputError as exc:
             raise ValidationError({exc.field: [str(exc)]}) from exc
         return Response(_budget_body(context.tenant))
+
+
+class BudgetActivityApi(APIView):
+    """The budget page's charts and lists: each period's burn-down with its
+    forecast, the ledger's latest reservations, the extension requests."""
+
+    gate: Gate = {"GET": Action.BUDGET_READ}
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response(budget_activity_for(tenant=tenant_of(request).tenant))

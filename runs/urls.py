@@ -7,6 +7,7 @@ from runs import (
     budget_api,
     data_api,
     mcp_api,
+    overview_api,
     trace_api,
 )
 
@@ -58,6 +59,7 @@ urlpatterns = [
         name="api-model-endpoint",
     ),
     path("stats/", api.StatsApi.as_view(), name="api-stats"),
+    path("overview/", overview_api.OverviewApi.as_view(), name="api-overview"),
     path("runs/", api.RunListApi.as_view(), name="api-runs"),
     path("runs/<str:run_id>/", api.RunDetailApi.as_view(), name="api-run"),
     path(
@@ -96,6 +98,11 @@ urlpatterns = [
     ),
     path("retention/", data_api.RetentionApi.as_view(), name="api-retention"),
     path("budget/", budget_api.BudgetApi.as_view(), name="api-budget"),
+    path(
+        "budget/activity/",
+        budget_api.BudgetActivityApi.as_view(),
+        name="api-budget-activity",
+    ),
     # The approvals API's operations that act on runs (approvals/urls.py has the rest).
     path(
         "approvals/<uuid:approval_id>/decide/",
