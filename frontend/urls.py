@@ -3,6 +3,7 @@ from django.urls import path
 from frontend import views
 
 urlpatterns = [
+    path("overview/", views.overview_page, name="ui-overview"),
     path("runs/", views.runs_page, name="ui-runs"),
     path("runs/<str:run_id>/", views.run_page, name="ui-run"),
     path("approvals/", views.approvals_page, name="ui-approvals"),

@@ -98,6 +98,12 @@ def page_gate(action: Action, page: str) -> Callable[[PageBody], PageBody]:
     return decorate
 
 
+@page_gate(Action.PAGE_READ, "overview")
+def overview_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
+    """The tenant at a glance: charts of runs, durations, approvals, spend."""
+    return _page(request, "frontend/overview.html", context, "overview")
+
+
 @page_gate(Action.PAGE_READ, "runs")
 def runs_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
     """The runs list: live status, filters and the start-a-run form."""

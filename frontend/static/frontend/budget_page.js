@@ -5,6 +5,7 @@
 import { api, ApiError } from "./api.js";
 import { el, money } from "./format.js";
 import { gauge } from "./gauge.js";
+import { loadActivity } from "./budget_activity.js";
 
 const root = document.getElementById("budget-root");
 const canEdit = root.dataset.admin === "1"; // the role may write the budget
@@ -128,6 +129,7 @@ document.getElementById("budget-form")?.addEventListener("submit", async (event)
   try {
     budget = await api("/api/v1/budget/", { method: "PUT", body });
     render();
+    loadActivity();
     document.getElementById("budget-saved").textContent = "Saved.";
   } catch (error) {
     if (error instanceof ApiError && error.status === 400) showErrors(error);
@@ -137,6 +139,7 @@ document.getElementById("budget-form")?.addEventListener("submit", async (event)
   }
 });
 
+loadActivity();
 try {
   budget = await api("/api/v1/budget/");
   render();
