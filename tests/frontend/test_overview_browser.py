@@ -18,6 +18,14 @@ from tests.overview_seed import seed_history
 
 pytestmark = pytest.mark.browser
 
+# The buckets the page charts (its 24 hours end when it loaded: same hours).
+BUCKETS_OF_THE_LAST_DAY = """async () => {
+  const to = new Date();
+  const from = new Date(to.getTime() - 864e5);
+  const query = new URLSearchParams({from: from.toISOString(), to: to.toISOString()});
+  return (await (await fetch(`/api/v1/overview/?${query}`)).json()).buckets;
+}"""
+
 
 def _query(url: str) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
@@ -51,7 +59,9 @@ def test_overview_shows_the_tenants_figures_and_clicks_through(
     expect(
         page.get_by_test_id("agents-by-failures").get_by_role("listitem")
     ).to_have_text(["beta: 2 failed of 3", "alpha: 1 failed of 6"])
-    expect(page.get_by_test_id("tools-by-failures").get_by_role("listitem")).to_have_text(
+    expect(
+        page.get_by_test_id("tools-by-failures").get_by_role("listitem")
+    ).to_have_text(
         ["lookup_order: 2 failed of 3 calls", "send_refund: 1 failed of 1 calls"]
     )
     expect(page.get_by_test_id("tools-by-cost").get_by_role("listitem")).to_have_text(
@@ -72,7 +82,8 @@ def test_overview_shows_the_tenants_figures_and_clicks_through(
     for hour in range(3):
         stamp = (start + dt.timedelta(hours=hour)).strftime("%Y-%m-%d %H:%M")
         row = table.locator("tbody tr", has=page.locator("th", has_text=stamp))
-        cells[hour] = dict(zip(header[1:], row.locator("td").all_inner_texts(), strict=True))
+        values = row.locator("td").all_inner_texts()
+        cells[hour] = dict(zip(header[1:], values, strict=True))
     assert cells[0]["succeeded"] == "3" and cells[0]["failed"] == "1"
     assert cells[1]["succeeded"] == "1" and cells[1]["failed"] == "2"
     assert cells[2]["running"] == "1" and cells[2]["waiting for approval"] == "1"
@@ -80,7 +91,7 @@ def test_overview_shows_the_tenants_figures_and_clicks_through(
     page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
 
     # A click on a chart bucket: the runs list of that hour.
-    buckets = page.evaluate("async () => (await (await fetch('/api/v1/overview/?' + new URLSearchParams({from: new Date(Date.now() - 864e5).toISOString(), to: new Date().toISOString()}))).json()).buckets")
+    buckets = page.evaluate(BUCKETS_OF_THE_LAST_DAY)
     index = buckets.index(start.isoformat())
     over = runs_chart.locator(".u-over")
     box = over.bounding_box()
@@ -100,7 +111,10 @@ def test_overview_shows_the_tenants_figures_and_clicks_through(
     query = _query(page.url)
     assert query["status"] == "failed" and "from" in query and "to" in query
     page.go_back()
-    page.get_by_test_id("agents-by-failures").get_by_role("link", name=re.compile("^beta")).click()
+    beta = page.get_by_test_id("agents-by-failures").get_by_role(
+        "link", name=re.compile("^beta")
+    )
+    beta.click()
     page.wait_for_url(re.compile(r"/runs/\?"))
     query = _query(page.url)
     assert (query["status"], query["agent"]) == ("failed", "beta")
