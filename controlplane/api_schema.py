@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.urls import NoReverseMatch, reverse
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
@@ -91,3 +92,183 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped
         )
         scheme["description"] = "A tenant API token (POST /api/v1/tokens/)."
         return scheme
+
+
+# -- OTLP/HTTP ----------------------------------------------------------------
+# The OTLP receivers are plain Django views (OTLP's own status codes, bodies and
+# protobuf answers), which drf-spectacular does not see; this hook documents each
+# one that is routed, under its URL name, with the OTLP/JSON request it reads.
+
+_ANY_VALUE: dict[str, Any] = {
+    "type": "object",
+    "description": "OTLP AnyValue: one of stringValue, boolValue, intValue "
+    "(a string or number), doubleValue, arrayValue, kvlistValue, bytesValue",
+}
+_ATTRIBUTES: dict[str, Any] = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["key"],
+        "properties": {"key": {"type": "string"}, "value": _ANY_VALUE},
+    },
+}
+_NANOS: dict[str, Any] = {"type": "string", "pattern": "^[0-9]{1,20}$"}
+_SPAN: dict[str, Any] = {
+    "type": "object",
+    "required": ["traceId", "spanId", "name", "startTimeUnixNano"],
+    "properties": {
+        "traceId": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+        "spanId": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
+        "parentSpanId": {"type": "string", "pattern": "^([0-9a-f]{16})?$"},
+        "name": {"type": "string"},
+        "kind": {"type": "integer", "minimum": 0, "maximum": 5},
+        "startTimeUnixNano": _NANOS,
+        "endTimeUnixNano": _NANOS,
+        "attributes": _ATTRIBUTES,
+        "events": {"type": "array", "items": {"type": "object"}},
+        "status": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "integer", "minimum": 0, "maximum": 2},
+                "message": {"type": "string"},
+            },
+        },
+    },
+}
+_LOG_RECORD: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "timeUnixNano": _NANOS,
+        "observedTimeUnixNano": _NANOS,
+        "eventName": {"type": "string"},
+        "traceId": {"type": "string", "pattern": "^([0-9a-f]{32})?$"},
+        "spanId": {"type": "string", "pattern": "^([0-9a-f]{16})?$"},
+        "body": _ANY_VALUE,
+        "attributes": _ATTRIBUTES,
+    },
+}
+
+
+def _export_request(resources: str, scopes: str, items: str, item: Any) -> Any:
+    return {
+        "type": "object",
+        "properties": {
+            resources: {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "resource": {
+                            "type": "object",
+                            "properties": {"attributes": _ATTRIBUTES},
+                        },
+                        scopes: {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {items: {"type": "array", "items": item}},
+                            },
+                        },
+                    },
+                },
+            }
+        },
+    }
+
+
+# url name -> (path, signal, JSON request, the partial success's rejected count)
+_OTLP_ROUTES = {
+    "otlp-traces": (
+        "/v1/traces",
+        "traces",
+        _export_request("resourceSpans", "scopeSpans", "spans", _SPAN),
+        "rejectedSpans",
+    ),
+    "otlp-logs": (
+        "/v1/logs",
+        "logs",
+        _export_request("resourceLogs", "scopeLogs", "logRecords", _LOG_RECORD),
+        "rejectedLogRecords",
+    ),
+}
+_OTLP_ERRORS = {
+    "400": "Not an OTLP request, or a value the store cannot keep (the message "
+    "names the span or record and the field); nothing is stored.",
+    "401": _DESCRIPTIONS["401"],
+    "403": "The token's role may not write telemetry (viewer).",
+    "413": "The body or its span/record count is over OTLP_INGEST_MAX_BYTES / "
+    "OTLP_INGEST_MAX_SPANS (the message names which).",
+    "415": "Content-Type is not application/x-protobuf or application/json.",
+    "429": _DESCRIPTIONS["429"],
+}
+
+
+def _otlp_operation(signal: str, request: Any, rejected: str) -> dict[str, Any]:
+    error = {"$ref": "#/components/schemas/Error"}
+    answer = {
+        "type": "object",
+        "description": "empty: all accepted; else a partial success",
+        "properties": {
+            "partialSuccess": {
+                "type": "object",
+                "properties": {
+                    rejected: {"type": "string", "pattern": "^[0-9]+$"},
+                    "errorMessage": {"type": "string"},
+                },
+            }
+        },
+    }
+    return {
+        "operationId": f"otlp_{signal}_export",
+        "summary": f"OTLP/HTTP {signal} export",
+        "description": (
+            f"An OTLP/HTTP Export{signal.capitalize()}ServiceRequest, protobuf or "
+            "JSON, optionally `Content-Encoding: gzip`, with a tenant API token of "
+            "an admin or operator. Point an OpenTelemetry exporter's "
+            "OTEL_EXPORTER_OTLP_ENDPOINT at this server (docs/tracing.md)."
+        ),
+        "tags": ["otlp"],
+        "security": [{"bearerAuth": []}],
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/x-protobuf": {
+                    "schema": {"type": "string", "format": "binary"}
+                },
+                "application/json": {"schema": request},
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "Accepted, or partly (partial_success says why).",
+                "content": {
+                    "application/x-protobuf": {
+                        "schema": {"type": "string", "format": "binary"}
+                    },
+                    "application/json": {"schema": answer},
+                },
+            },
+            **{
+                code: {
+                    "description": text,
+                    "content": {"application/json": {"schema": error}},
+                }
+                for code, text in _OTLP_ERRORS.items()
+            },
+        },
+    }
+
+
+def otlp_paths(
+    result: dict[str, Any], generator: Any, request: Any, public: bool
+) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: the OTLP/HTTP receivers routed here."""
+    for name, (path, signal, body, rejected) in _OTLP_ROUTES.items():
+        try:
+            reverse(name)
+        except NoReverseMatch:
+            continue  # not served by this deployment (yet)
+        result.setdefault("paths", {})[path] = {
+            "post": _otlp_operation(signal, body, rejected)
+        }
+    return result

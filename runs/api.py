@@ -35,6 +35,9 @@ from runs.services.retention import run_delete
 from runs.services.spend import run_usage_against_caps
 from runs.stats import run_stats_for
 
+# A W3C / OpenTelemetry trace id (the runs list's and GET /traces/<id>/'s).
+TRACE_ID_PATTERN = r"^[0-9a-fA-F]{32}$"
+
 
 class ToolCallSerializer(serializers.Serializer[Any]):
     call_id = serializers.CharField()
@@ -140,6 +143,13 @@ class RunListApi(APIView):
             choices=Run.Status.values, required=False, allow_blank=True
         )
         agent = serializers.SlugField(max_length=64, required=False, allow_blank=True)
+        trace_id = serializers.RegexField(
+            TRACE_ID_PATTERN,
+            required=False,
+            allow_blank=True,
+            help_text="the run of this trace (32 hex digits): native or sent over OTLP",
+            error_messages={"invalid": "a trace_id is 32 hex digits"},
+        )
 
     class RunStartInputSerializer(serializers.Serializer[Any]):
         agent = serializers.SlugField(max_length=64)
@@ -162,6 +172,7 @@ class RunListApi(APIView):
             tenant=context.tenant,
             status=wanted.get("status"),
             agent=wanted.get("agent"),
+            trace_id=(wanted.get("trace_id") or "").lower() or None,
         )
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(runs, request, view=self)

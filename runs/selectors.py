@@ -30,7 +30,11 @@ from runs.services.agent_validation import version_config_of
 
 
 def run_list_for(
-    *, tenant: Tenant, status: str | None = None, agent: str | None = None
+    *,
+    tenant: Tenant,
+    status: str | None = None,
+    agent: str | None = None,
+    trace_id: str | None = None,
 ) -> QuerySet[Run]:
     runs = Run.objects.filter(tenant=tenant).select_related(
         "agent", "agent_version", "started_by"
@@ -39,7 +43,20 @@ def run_list_for(
         runs = runs.filter(status=status)
     if agent:
         runs = runs.filter(agent__slug=agent)
+    if trace_id:
+        runs = runs.filter(trace_id=trace_id)
     return runs.order_by("-created_at")
+
+
+def run_id_for_trace(*, tenant: Tenant, trace_id: str) -> uuid.UUID | None:
+    """The id of the tenant's run of this trace (a trace id names one run in a
+    tenant), or None: none yet, or another tenant's."""
+    found: uuid.UUID | None = (
+        Run.objects.filter(tenant=tenant, trace_id=trace_id.lower())
+        .values_list("id", flat=True)
+        .first()
+    )
+    return found
 
 
 def run_for_tenant(*, tenant: Tenant, run_id: str | uuid.UUID) -> Run | None:

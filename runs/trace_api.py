@@ -1,11 +1,12 @@
 """Tracing APIs of runs: a run's event log and span tree (paged), one span with
-its payloads, and the OTLP/HTTP trace ingest endpoint. They live with runs
-because each asks which run (of the caller's tenant) it is about; tracing reads
-and stores the rows."""
+its payloads, the run of a trace id, and the OTLP/HTTP trace ingest endpoint.
+They live with runs because each asks which run (of the caller's tenant) it is
+about; tracing reads and stores the rows."""
 
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 
 from django.conf import settings
@@ -22,6 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.api_schema import ErrorSerializer
 from controlplane.authentication import (
     AuthenticationRefused,
     TooManyFailures,
@@ -30,8 +32,14 @@ from controlplane.authentication import (
 from controlplane.permissions import Action, Gate, context_may, declares
 from controlplane.redaction import redact
 from controlplane.tenancy import tenant_context_for, tenant_of
+from runs.api import TRACE_ID_PATTERN, RunDetailSerializer
 from runs.models import Run
-from runs.selectors import run_for_tenant, run_steps_cost
+from runs.selectors import (
+    run_for_tenant,
+    run_get_for,
+    run_id_for_trace,
+    run_steps_cost,
+)
 from runs.services.external import ingest_spans
 from tracing import selectors
 from tracing.ingest import IngestError, LimitExceeded, decode_body, parse_request
@@ -219,6 +227,23 @@ class SpanSubtreeApi(APIView):
         body["cost"] = str(total.quantize(Decimal("0.000001")))
         body["span_id"] = span.span_id
         return Response(body)
+
+
+class TraceRunApi(APIView):
+    gate: Gate = {"GET": Action.RUN_READ}
+
+    @extend_schema(responses={200: RunDetailSerializer, 400: ErrorSerializer})
+    def get(self, request: Request, trace_id: str) -> Response:
+        """The run a trace id names: an agent run of this control plane, or the
+        external run an instrumented agent's spans made (POST /v1/traces)."""
+        if not re.fullmatch(TRACE_ID_PATTERN, trace_id):
+            raise ValidationError({"trace_id": ["a trace_id is 32 hex digits"]})
+        tenant = tenant_of(request).tenant
+        run_id = run_id_for_trace(tenant=tenant, trace_id=trace_id)
+        run = run_get_for(tenant=tenant, run_id=run_id) if run_id else None
+        if run is None:
+            raise NotFound("No run of this trace in this tenant.")
+        return Response(RunDetailSerializer(run).data)
 
 
 def _is_hex(text: str) -> bool:

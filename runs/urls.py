@@ -90,6 +90,7 @@ urlpatterns = [
         trace_api.RunSpanSearchApi.as_view(),
         name="api-run-span-search",
     ),
+    path("traces/<str:trace_id>/", trace_api.TraceRunApi.as_view(), name="api-trace"),
     path("spans/<int:span_pk>/", trace_api.SpanDetailApi.as_view(), name="api-span"),
     path(
         "spans/<int:span_pk>/subtree/",

@@ -210,6 +210,10 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Agent control plane API",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.api_schema.otlp_paths",
+    ],
 }
 
 DEMO_PASSWORD = env.string(

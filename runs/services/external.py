@@ -13,23 +13,26 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Value
-from django.db.models.functions import Least
+from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 from django.utils.text import slugify
 
+from budgets.prices import model_price_for
 from controlplane.models import Tenant
 from controlplane.services import audit_record
 from runs.models import Agent, Run
-from tracing.ingest import OtlpSpan, time_of, trace_store
+from tracing.ingest import OtlpSpan, SpanUsage, TraceSummary, time_of, trace_store
 from tracing.store import telemetry_transaction
 
 __all__ = [
     "EXTERNAL_STOP_REASON",
     "IngestResult",
+    "UsageDelta",
     "ingest_spans",
     "run_external_for_trace",
     "run_external_update",
@@ -84,20 +87,37 @@ def run_external_for_trace(
     return run
 
 
+@dataclass(frozen=True)
+class UsageDelta:
+    """How a batch of spans moves an external run's counters (negative where a
+    re-sent span says less than the version it replaces)."""
+
+    steps: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: Decimal = Decimal(0)
+
+
 def run_external_update(
     *,
     run: Run,
-    input_tokens: int = 0,
-    output_tokens: int = 0,
+    usage: UsageDelta | None = None,
     failed: bool = False,
     input: str | None = None,
     final_answer: str | None = None,
     finished_at: Any = None,
 ) -> None:
     """Fold what a batch of spans said into the run's summary fields."""
+    usage = usage or UsageDelta()
     changes: dict[str, Any] = {
-        "input_tokens": _saturating_add("input_tokens", input_tokens),
-        "output_tokens": _saturating_add("output_tokens", output_tokens),
+        "steps": _bounded_move("steps", usage.steps, _COUNT_MAX),
+        "tool_calls": _bounded_move("tool_calls", usage.tool_calls, _COUNT_MAX),
+        "input_tokens": _bounded_move("input_tokens", usage.input_tokens, _TOKENS_MAX),
+        "output_tokens": _bounded_move(
+            "output_tokens", usage.output_tokens, _TOKENS_MAX
+        ),
+        "cost": _bounded_move("cost", usage.cost, _COST_MAX),
         "updated_at": timezone.now(),
     }
     if failed:
@@ -111,14 +131,48 @@ def run_external_update(
     Run.objects.filter(id=run.id, stop_reason=EXTERNAL_STOP_REASON).update(**changes)
 
 
-_COUNTER_MAX = 2**63 - 1
+# The columns' maxima: a sender may repeat a trace with large counts as often as
+# it likes, so the counters stop there instead of overflowing.
+_TOKENS_MAX = 2**63 - 1
+_COUNT_MAX = 2**31 - 1
+_COST_MAX = Decimal("99999999.999999")
 
 
-def _saturating_add(name: str, amount: int) -> Any:
-    """F(name) + amount, stopping at the column's maximum instead of overflowing
-    (a sender may repeat a trace with large counts as often as it likes)."""
-    amount = max(0, min(amount, _COUNTER_MAX))
-    return Least(F(name), Value(_COUNTER_MAX - amount)) + amount
+def _bounded_move(name: str, amount: Any, maximum: Any) -> Any:
+    """F(name) + amount, kept within 0 .. maximum."""
+    if amount >= 0:
+        amount = min(amount, maximum)
+        return Least(F(name), Value(maximum - amount)) + amount
+    return Greatest(F(name) + amount, Value(amount * 0))
+
+
+def _usage_delta(tenant: Tenant, summary: TraceSummary) -> UsageDelta:
+    """The counters' move, with each model call's cost: the sender's where it
+    priced the call, else the tenant's price for the model (zero if unknown)."""
+    prices: dict[str, Any] = {}
+
+    def cost(usage: SpanUsage) -> Decimal:
+        if usage.cost is not None:
+            return usage.cost
+        if not usage.model or not (usage.input_tokens or usage.output_tokens):
+            return Decimal(0)
+        if usage.model not in prices:
+            prices[usage.model] = model_price_for(
+                model=usage.model, tenant_id=tenant.id
+            ).price
+        amount: Decimal = prices[usage.model].cost(
+            usage.input_tokens, usage.output_tokens
+        )
+        return amount
+
+    return UsageDelta(
+        steps=summary.delta("steps"),
+        tool_calls=summary.delta("tool_calls"),
+        input_tokens=summary.delta("input_tokens"),
+        output_tokens=summary.delta("output_tokens"),
+        cost=sum(map(cost, summary.added), Decimal(0))
+        - sum(map(cost, summary.replaced), Decimal(0)),
+    )
 
 
 @dataclass
@@ -148,13 +202,15 @@ def _trace_ingest(tenant: Tenant, trace_id: str, spans: list[OtlpSpan]) -> Run:
         service=first.service,
         started_at=time_of(first.start_ns),
     )
+    # One ingest of a trace at a time: what a re-sent span replaces is read
+    # and its count moved under the run's lock, so it is never counted twice.
+    Run.objects.select_for_update().filter(id=run.id).first()
     summary = trace_store(
         tenant_id=tenant.id, run_id=run.id, trace_id=trace_id, spans=spans
     )
     run_external_update(
         run=run,
-        input_tokens=summary.input_tokens,
-        output_tokens=summary.output_tokens,
+        usage=_usage_delta(tenant, summary),
         failed=summary.failed,
         input=_message_text(summary.input),
         final_answer=_message_text(summary.output),

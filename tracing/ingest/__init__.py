@@ -6,7 +6,7 @@ ours and summarise a trace (`mapping`), store spans in a run named by id
 
 from __future__ import annotations
 
-from tracing.ingest.mapping import TraceSummary, map_attributes
+from tracing.ingest.mapping import SpanUsage, TraceSummary, map_attributes, usage_of
 from tracing.ingest.otlp import (
     IngestError,
     LimitExceeded,
@@ -21,10 +21,12 @@ __all__ = [
     "IngestError",
     "LimitExceeded",
     "OtlpSpan",
+    "SpanUsage",
     "TraceSummary",
     "decode_body",
     "map_attributes",
     "parse_request",
     "time_of",
     "trace_store",
+    "usage_of",
 ]

@@ -64,6 +64,14 @@ def trace_store(
     encodings: dict[str, tuple[str, str, int]] = {}  # the same prompt, once
     rows: list[Span] = []
     summary = TraceSummary()
+    # A span sent again (an exporter's retry) updates its row in this run, which
+    # keeps its key, and replaces what it counted; only this run's rows are read.
+    known = {
+        span_id: (pk, attributes)
+        for span_id, pk, attributes in Span.objects.filter(
+            run_id=run_id, span_id__in=[span.span_id for span in spans]
+        ).values_list("span_id", "pk", "attributes")
+    }
     for span in spans:
         attributes = redact_attributes(span.attributes)
         plain, refs = _payload_rows(tenant_id, attributes, payloads, encodings)
@@ -73,6 +81,7 @@ def trace_store(
             status=span.status,
             attributes=attributes,
             ended_at=ended_at,
+            previous=known[span.span_id][1] if span.span_id in known else None,
         )
         rows.append(
             Span(
@@ -103,14 +112,9 @@ def trace_store(
             )
         )
     SpanPayload.objects.bulk_create(list(payloads.values()), ignore_conflicts=True)
-    # A span sent again (an exporter's retry) updates its row in this run, which
-    # keeps its key; only this run's rows are looked at.
     ids = [row.span_id for row in rows]
-    known = dict(
-        Span.objects.filter(run_id=run_id, span_id__in=ids).values_list("span_id", "pk")
-    )
     for row in rows:
-        row.pk = known.get(row.span_id)
+        row.pk = known[row.span_id][0] if row.span_id in known else None
     Span.objects.bulk_update([r for r in rows if r.pk is not None], _UPDATED_FIELDS)
     Span.objects.bulk_create([r for r in rows if r.pk is None])
     # A new span whose children all came in this batch (or none yet) is known
