@@ -144,6 +144,19 @@ def test_the_schema_documents_bearer_auth_paging_and_errors(live_api: LiveApi) -
     body_ref = issue["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     assert body_ref == "#/components/schemas/TokenIssueInput"
     assert list(issue["requestBody"]["content"]) == ["application/json"]
+    # The OTLP/HTTP receiver (a plain Django view) is documented too, with the
+    # run lookup by trace id.
+    otlp = document["paths"]["/v1/traces"]["post"]
+    assert {"bearerAuth": []} in otlp["security"]
+    assert set(otlp["requestBody"]["content"]) == {
+        "application/x-protobuf",
+        "application/json",
+    }
+    assert set(otlp["responses"]) == {"200", "400", "401", "403", "413", "415", "429"}
+    lookup = document["paths"]["/api/v1/traces/{trace_id}/"]["get"]["responses"]
+    assert lookup["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/RunDetail"
+    }
 
 
 def test_a_blank_run_input_is_refused_by_the_schema_and_the_server_alike(
