@@ -148,6 +148,10 @@ function render() {
   if (next === shape && charts.runs) updateCharts(); else drawCharts();
   shape = next;
   document.getElementById("overview-updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
+  // Milestones for bench/bench_ui_overview.py (ms since navigation; renders).
+  const perf = (window.cpOverview ||= { renders: 0 });
+  perf.renders += 1;
+  perf.firstRender ??= performance.now();
 }
 
 let loading = null;
