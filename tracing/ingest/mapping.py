@@ -15,7 +15,13 @@ from typing import Any
 
 from tracing.ingest.openinference import openinference_llm_attributes
 
-__all__ = ["SpanUsage", "TraceSummary", "map_attributes", "usage_of"]
+__all__ = [
+    "SpanUsage",
+    "TraceSummary",
+    "map_attributes",
+    "output_finish_reasons",
+    "usage_of",
+]
 
 _OPENINFERENCE_OPERATIONS = {
     "LLM": "chat", "TOOL": "execute_tool", "AGENT": "invoke_agent",
@@ -116,7 +122,7 @@ def map_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
         if reasons:
             out.setdefault("gen_ai.response.finish_reasons", reasons)
     if "gen_ai.response.finish_reasons" not in out:
-        reasons = _output_finish_reasons(out.get("gen_ai.output.messages"))
+        reasons = output_finish_reasons(out.get("gen_ai.output.messages"))
         if reasons:
             out["gen_ai.response.finish_reasons"] = reasons
     for source in ("input.value", "output.value", "traceloop.entity.input",
@@ -125,7 +131,7 @@ def map_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _output_finish_reasons(messages: Any) -> list[str]:
+def output_finish_reasons(messages: Any) -> list[str]:
     """The finish reasons the GenAI conventions put on each output message, for
     a span that does not name them itself (openai-v2 leaves streamed calls'
     `gen_ai.response.finish_reasons` out but writes the messages')."""
