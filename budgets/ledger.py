@@ -116,11 +116,13 @@ def budget_reserve(
     step_index: int | None = None,
     call_id: str = "",
     now: dt.datetime | None = None,
+    expires_at: dt.datetime | None = None,
 ) -> BudgetLedgerEntry | BudgetRefusal:
     """Reserve `amounts` against every period limit, or refuse and change nothing.
 
     A run holding grants (approved extensions) that the tenant's limit refused
-    reserves the granted dimensions from its grants instead.
+    reserves the granted dimensions from its grants instead. `expires_at`: when
+    beat releases the reservation if it is still open (external agents').
     """
     now = now or timezone.now()
     fields = {
@@ -130,6 +132,7 @@ def budget_reserve(
         "call_id": call_id,
         "kind": kind,
         "reserved": amounts.to_dict(),
+        "expires_at": expires_at,
     }
     result = _reserve(budget, amounts, fields, now, [])
     if not isinstance(result, BudgetRefusal) or not result.period:

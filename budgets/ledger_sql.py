@@ -79,11 +79,11 @@ both_free AS (
     RETURNING 1
 )
 INSERT INTO {_LEDGER} (id, tenant_id, run_id, step_index, call_id, kind, status,
-                       reserved, counter_ids, funding, created_at)
+                       reserved, counter_ids, funding, created_at, expires_at)
 SELECT %(id)s::uuid, %(tenant)s::uuid, %(run)s::uuid, %(step)s::integer,
        %(call)s::text, %(kind)s::text, 'reserved', %(reserved)s::jsonb,
        jsonb_build_array((SELECT id FROM day), (SELECT id FROM month)),
-       '[]'::jsonb, now()
+       '[]'::jsonb, now(), %(expires)s::timestamptz
 WHERE (SELECT ok FROM both_free)
 RETURNING counter_ids
 """
@@ -109,6 +109,7 @@ def reserve(
         "call": entry.call_id,
         "kind": entry.kind,
         "reserved": json.dumps(entry.reserved),
+        "expires": entry.expires_at,
         "day": day,
         "month": month,
         **_amounts("a", amounts),

@@ -169,9 +169,22 @@ class BudgetLedgerEntry(models.Model):
     funding = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     settled_at = models.DateTimeField(null=True, blank=True)
+    # An external agent's reservation (POST /api/v1/budget/reservations/) is
+    # released by beat when still open at this time; a run's own step never
+    # expires (recovery releases what a lost step held).
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "controlplane_budgetledgerentry"
+        indexes = [
+            # Partial on a column no settle changes: settling stays a HOT
+            # update on PostgreSQL, and the index holds external entries only.
+            models.Index(
+                fields=["expires_at"],
+                condition=models.Q(expires_at__isnull=False),
+                name="ledger_entry_expiry",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.status} for run {self.run_id}"

@@ -224,7 +224,16 @@ class Run(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "status", "-created_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "status", "-created_at"]),
+            # A trace id across tenants: an external agent's gate or budget
+            # reservation on another tenant's trace is refused.
+            models.Index(
+                fields=["trace_id"],
+                condition=~models.Q(trace_id=""),
+                name="run_trace_id",
+            ),
+        ]
         constraints = [
             # One run per trace in a tenant: OTLP ingest finds a trace's external
             # run by it, and a native run's trace is never another run's.

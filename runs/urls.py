@@ -8,6 +8,7 @@ from runs import (
     data_api,
     mcp_api,
     overview_api,
+    reservations_api,
     trace_api,
 )
 
@@ -103,6 +104,26 @@ urlpatterns = [
         "budget/activity/",
         budget_api.BudgetActivityApi.as_view(),
         name="api-budget-activity",
+    ),
+    path(
+        "budget/reservations/",
+        reservations_api.ReservationListApi.as_view(),
+        name="api-budget-reservations",
+    ),
+    path(
+        "budget/reservations/<uuid:reservation_id>/",
+        reservations_api.ReservationDetailApi.as_view(),
+        name="api-budget-reservation",
+    ),
+    path(
+        "budget/reservations/<uuid:reservation_id>/settle/",
+        reservations_api.ReservationSettleApi.as_view(),
+        name="api-budget-reservation-settle",
+    ),
+    path(
+        "budget/reservations/<uuid:reservation_id>/release/",
+        reservations_api.ReservationReleaseApi.as_view(),
+        name="api-budget-reservation-release",
     ),
     # The approvals API's operations that act on runs (approvals/urls.py has the rest).
     path(
