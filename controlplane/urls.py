@@ -16,6 +16,7 @@ from controlplane import (
 )
 from frontend import views as pages
 from runs import trace_api
+from runs.otlp import logs_api as otlp_logs_api
 
 # Swagger UI comes from its CDN and keeps a small inline <style>; its own
 # initialisation script is served as a file (the split view), so even this page
@@ -93,6 +94,7 @@ urlpatterns = [
         name="api-secret",
     ),
     path("v1/traces", trace_api.otlp_traces, name="otlp-traces"),
+    path("v1/logs", otlp_logs_api.otlp_logs, name="otlp-logs"),
     path("api/v1/", include("runs.urls")),
     path("api/v1/", include("approvals.urls")),
     path("", include("frontend.urls")),

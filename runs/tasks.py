@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 from celery import shared_task
 from celery.signals import worker_process_init
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from controlplane import metrics
@@ -16,6 +18,7 @@ from runs.services.decide import approvals_expire
 from runs.services.mcp import mcp_stdio_listing_reply
 from runs.services.retention import retention_sweep
 from runs.spans import spans_end_of_finished_runs
+from tracing.ingest import log_messages_expire
 from tracing.store import spans_abandon_expired
 
 
@@ -103,6 +106,14 @@ def abandon_expired_spans_task() -> int:
     """Mark spans of dead workers `abandoned` (their run's recovery takes over),
     and end the root span of runs whose finisher died after the outcome."""
     return spans_abandon_expired() + spans_end_of_finished_runs()
+
+
+@shared_task
+def expire_pending_log_messages_task() -> int:
+    """Drop GenAI messages sent as log records whose trace never arrived."""
+    return log_messages_expire(
+        older_than=dt.timedelta(hours=settings.OTLP_LOG_PENDING_HOURS)
+    )
 
 
 @shared_task(acks_late=False)

@@ -9,7 +9,6 @@ import json
 import re
 from decimal import Decimal
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -24,16 +23,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.api_schema import ErrorSerializer
-from controlplane.authentication import (
-    AuthenticationRefused,
-    TooManyFailures,
-    bearer_authenticate,
-)
-from controlplane.permissions import Action, Gate, context_may, declares
+from controlplane.permissions import Action, Gate, declares
 from controlplane.redaction import redact
-from controlplane.tenancy import tenant_context_for, tenant_of
+from controlplane.tenancy import tenant_of
 from runs.api import TRACE_ID_PATTERN, RunDetailSerializer
 from runs.models import Run
+from runs.otlp.http import otlp_error, otlp_http_request
 from runs.selectors import (
     run_for_tenant,
     run_get_for,
@@ -42,7 +37,7 @@ from runs.selectors import (
 )
 from runs.services.external import ingest_spans
 from tracing import selectors
-from tracing.ingest import IngestError, LimitExceeded, decode_body, parse_request
+from tracing.ingest import IngestError, LimitExceeded, parse_request
 from tracing.models import Span
 from tracing.services import event_message
 from tracing.store import span_event_payload
@@ -254,75 +249,28 @@ def _is_hex(text: str) -> bool:
     return True
 
 
-def _error(status: int, code: str, message: str, **headers: str) -> JsonResponse:
-    response = JsonResponse(
-        {"error": {"code": code, "message": message}}, status=status
-    )
-    for name, value in headers.items():
-        response[name] = value
-    return response
-
-
 @csrf_exempt
 @require_POST
 @declares(Action.TRACE_INGEST)
 def otlp_traces(request: HttpRequest) -> HttpResponse:
     """OTLP/HTTP `POST /v1/traces`: protobuf or JSON, gzip allowed, tenant token."""
+    checked = otlp_http_request(request)
+    if isinstance(checked, HttpResponse):
+        return checked
     try:
-        token = bearer_authenticate(
-            header=request.headers.get("Authorization"),
-            remote_addr=request.META.get("REMOTE_ADDR"),
-        )
-    except TooManyFailures as exc:
-        return _error(
-            429, exc.code, exc.message, **{"Retry-After": str(exc.retry_after)}
-        )
-    except AuthenticationRefused as exc:
-        return _error(
-            401, exc.code, exc.message, **{"WWW-Authenticate": 'Bearer realm="otlp"'}
-        )
-    if token is None:
-        return _error(
-            401,
-            "unauthenticated",
-            "send a tenant API token as 'Authorization: Bearer <token>'",
-            **{"WWW-Authenticate": 'Bearer realm="otlp"'},
-        )
-    context = tenant_context_for(user=token.user, token=token)
-    if not context_may(context, Action.TRACE_INGEST):
-        return _error(403, "forbidden", "the token's user may not write traces")
-    assert context is not None
-    limit = settings.OTLP_INGEST_MAX_BYTES
-    declared = request.headers.get("Content-Length") or "0"
-    if declared.isdigit() and int(declared) > limit:
-        return _error(
-            413, "too_large", f"the body exceeds OTLP_INGEST_MAX_BYTES={limit} bytes"
-        )
-    body = request.read(limit + 1)
-    if len(body) > limit:
-        return _error(
-            413, "too_large", f"the body exceeds OTLP_INGEST_MAX_BYTES={limit} bytes"
-        )
-    content_type = request.headers.get("Content-Type", "")
-    kind = content_type.split(";")[0].strip().lower()
-    if kind not in ("application/x-protobuf", "application/json"):
-        return _error(
-            415,
-            "unsupported_media_type",
-            "Content-Type must be application/x-protobuf or application/json",
-        )
-    try:
-        data = decode_body(body, encoding=request.headers.get("Content-Encoding", ""))
-        spans = parse_request(data, content_type=content_type)
+        spans = parse_request(checked.body, content_type=checked.content_type)
     except LimitExceeded as exc:
-        return _error(413, "too_large", str(exc))
+        return otlp_error(413, "too_large", str(exc))
     except IngestError as exc:
-        return _error(400, "invalid", str(exc))
-    result = ingest_spans(tenant=context.tenant, user=token.user, spans=spans)
+        return otlp_error(400, "invalid", str(exc))
+    context = checked.caller.context
+    result = ingest_spans(
+        tenant=context.tenant, user=checked.caller.token.user, spans=spans
+    )
     # OTLP/HTTP: an ExportTraceServiceResponse; the empty one means all accepted,
     # a partial success counts and explains the spans refused.
     message = "; ".join(result.errors)
-    if kind == "application/json":
+    if checked.json:
         if not result.rejected:
             return JsonResponse({})
         return JsonResponse(

@@ -9,7 +9,7 @@ from django.db import models
 
 from controlplane.models import Tenant
 
-__all__ = ["RunEvent", "Span", "SpanPayload"]
+__all__ = ["RunEvent", "Span", "SpanLogMessage", "SpanPayload"]
 
 
 class Span(models.Model):
@@ -102,3 +102,46 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} #{self.seq} of {self.run_id}"
+
+
+class SpanLogMessage(models.Model):
+    """Part of a span's model input or output that arrived as an OTLP log record
+    (a GenAI event), kept so the span's payload can be put together whichever
+    arrives first, the span or its events, and again when the span is sent again.
+
+    Held by tenant and trace id until the trace's run exists (`run` empty: an
+    hourly task drops those older than OTLP_LOG_PENDING_HOURS); from then on it
+    goes with its run."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
+    run = models.ForeignKey(
+        "runs.Run",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    trace_id = models.CharField(max_length=32)
+    span_id = models.CharField(max_length=16)
+    # The span payload it belongs to: gen_ai.input.messages, .output.messages or
+    # gen_ai.system_instructions.
+    key = models.CharField(max_length=64)
+    # True: `content` is the whole payload (a details event); False: one message
+    # of it, listed in (emitted_at, id) order.
+    whole = models.BooleanField(default=False)
+    emitted_at = models.DateTimeField()
+    content = models.JSONField()  # redacted
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "trace_id", "span_id"]),
+            models.Index(
+                fields=["received_at"],
+                condition=models.Q(run__isnull=True),
+                name="pending_log_messages",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} of span {self.span_id}"

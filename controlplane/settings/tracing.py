@@ -46,6 +46,52 @@ OTLP_INGEST_MAX_SPANS = env.integer(
     minimum=1,
     help="Most spans accepted in one POST /v1/traces (more: 413).",
 )
+OTLP_INGEST_MAX_LOG_RECORDS = env.integer(
+    "OTLP_INGEST_MAX_LOG_RECORDS",
+    10_000,
+    minimum=1,
+    help="Most log records accepted in one POST /v1/logs or gRPC logs export "
+    "(more: 413 / INVALID_ARGUMENT).",
+)
+OTLP_LOG_PENDING_HOURS = env.number(
+    "OTLP_LOG_PENDING_HOURS",
+    24.0,
+    minimum=0.01,
+    help="GenAI messages sent as log records wait this long for their span to "
+    "arrive (an hourly task deletes older ones whose trace never came).",
+)
+# The OTLP/gRPC receiver (`manage.py otlp_grpc`, runs/otlp/grpc_server.py).
+OTLP_GRPC_PORT = env.integer(
+    "OTLP_GRPC_PORT",
+    4317,
+    minimum=0,
+    help="Port of the OTLP/gRPC receiver (TraceService, LogsService); 0: any free.",
+)
+OTLP_GRPC_BIND = env.string(
+    "OTLP_GRPC_BIND",
+    "127.0.0.1",
+    help="Address the OTLP/gRPC receiver binds (0.0.0.0 or :: for every interface).",
+)
+OTLP_GRPC_MAX_WORKERS = env.integer(
+    "OTLP_GRPC_MAX_WORKERS",
+    8,
+    minimum=1,
+    help="Threads of the OTLP/gRPC receiver: exports it stores at once.",
+)
+OTLP_GRPC_MAX_CONCURRENT_RPCS = env.integer(
+    "OTLP_GRPC_MAX_CONCURRENT_RPCS",
+    32,
+    minimum=1,
+    help="Exports the OTLP/gRPC receiver holds at once (running or queued); "
+    "more are answered RESOURCE_EXHAUSTED at once.",
+)
+OTLP_GRPC_DEADLINE_SECONDS = env.number(
+    "OTLP_GRPC_DEADLINE_SECONDS",
+    30.0,
+    minimum=0.1,
+    help="An OTLP/gRPC call must have sent its request within this long of being "
+    "picked up, or it is cut (CANCELLED) and its thread freed.",
+)
 STREAM_QUEUE_EVENTS = env.integer(
     "STREAM_QUEUE_EVENTS",
     2000,
@@ -65,6 +111,10 @@ STREAM_HEARTBEAT_SECONDS = env.number(
     minimum=0.1,
     help="Interval of the heartbeat frames on a WebSocket stream.",
 )
+CELERY_BEAT_SCHEDULE["tracing-expire-log-messages"] = {
+    "task": "runs.tasks.expire_pending_log_messages_task",
+    "schedule": 3600.0,
+}
 CELERY_BEAT_SCHEDULE["tracing-abandon-spans"] = {
     "task": "runs.tasks.abandon_expired_spans_task",
     "schedule": 60.0,

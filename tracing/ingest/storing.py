@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.redaction import redact, redact_attributes
+from tracing.ingest.log_storing import log_messages_claim, log_payloads_merge
 from tracing.ingest.mapping import TraceSummary
 from tracing.ingest.otlp import OtlpSpan, time_of
 from tracing.models import Span, SpanPayload
@@ -72,8 +73,17 @@ def trace_store(
             run_id=run_id, span_id__in=[span.span_id for span in spans]
         ).values_list("span_id", "pk", "attributes")
     }
+    # Model messages sent as log records (GenAI events) before their span.
+    from_logs = log_messages_claim(
+        tenant_id=tenant_id,
+        run_id=run_id,
+        trace_id=trace_id,
+        span_ids=[span.span_id for span in spans],
+    )
     for span in spans:
-        attributes = redact_attributes(span.attributes)
+        attributes = redact_attributes(
+            log_payloads_merge(span.attributes, from_logs.get(span.span_id, {}))
+        )
         plain, refs = _payload_rows(tenant_id, attributes, payloads, encodings)
         ended_at = time_of(span.end_ns) if span.end_ns else None
         summary.add(

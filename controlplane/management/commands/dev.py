@@ -22,8 +22,8 @@ from controlplane.models import Tenant
 class Command(BaseCommand):
     help = (
         "Migrate, seed the demo, then start and supervise Daphne, a Celery worker, "
-        "Celery beat, (with no REDIS_URL) an embedded Redis and the demo's local "
-        "model server. Ctrl-C stops them all."
+        "Celery beat, the OTLP/gRPC receiver, (with no REDIS_URL) an embedded "
+        "Redis and the demo's local model server. Ctrl-C stops them all."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -34,6 +34,18 @@ class Command(BaseCommand):
             "--no-mcp-demo",
             action="store_true",
             help="Seed only the first demo agent; start no local model server.",
+        )
+        parser.add_argument(
+            "--otlp-grpc-port",
+            type=int,
+            default=settings.OTLP_GRPC_PORT,
+            help="Port of the OTLP/gRPC receiver (OTLP_GRPC_PORT, 4317); it binds "
+            "the --host address.",
+        )
+        parser.add_argument(
+            "--no-otlp-grpc",
+            action="store_true",
+            help="Start no OTLP/gRPC receiver (OTLP/HTTP on the web port stays).",
         )
         parser.add_argument(
             "--model-port",
@@ -55,6 +67,12 @@ class Command(BaseCommand):
         seeded = demo_seed()
         logins = describe_logins(seeded)
         extra: list[tuple[str, list[str]]] = []
+        grpc_port = options["otlp_grpc_port"]
+        if not options["no_otlp_grpc"]:
+            # A command of its own (gRPC is not HTTP/1.1: Daphne cannot serve it).
+            argv = [sys.executable, "-m", "django", "otlp_grpc",
+                    "--host", options["host"], "--port", str(grpc_port)]  # fmt: skip
+            extra.append(("otlp", argv))
         model_port = options["model_port"] or free_local_port()
         if not options["no_mcp_demo"]:
             argv = [sys.executable, "-m", "runs.devserver", "--demo",
@@ -79,7 +97,7 @@ class Command(BaseCommand):
             url = f"http://{options['host']}:{options['port']}/"
             if (
                 healthy
-                and extra
+                and not options["no_mcp_demo"]
                 and self._seed_warranty_agent(
                     seeded.tenant, api=url, model_port=model_port
                 )
@@ -88,10 +106,14 @@ class Command(BaseCommand):
                     "kettlecraft-warranty (local OpenAI-compatible model, MCP tool)"
                 )
             if healthy:
+                otlp = f"OTLP: {url}v1/traces and {url}v1/logs (HTTP)"
+                if not options["no_otlp_grpc"]:
+                    otlp += f", {options['host']}:{grpc_port} (gRPC)"
                 self.stdout.write(
                     self.style.SUCCESS(
                         f"\nReady: {url}  log in with {logins}. "
-                        f"Agents: {', '.join(agents)}. Ctrl-C stops everything.\n"
+                        f"Agents: {', '.join(agents)}. {otlp}, with a tenant API "
+                        "token (manage.py issue_token). Ctrl-C stops everything.\n"
                     )
                 )
             elif not launcher.stop_requested:
