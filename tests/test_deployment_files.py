@@ -24,8 +24,8 @@ from runs.sandbox.spec import SandboxSettings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((BASE_DIR / "docker-compose.yml").read_text())
-PYTHON_SERVICES = ("migrate", "web", "worker", "beat")
-LONG_RUNNING = ("web", "worker", "beat")
+PYTHON_SERVICES = ("migrate", "web", "otlp", "worker", "beat")
+LONG_RUNNING = ("web", "otlp", "worker", "beat")
 
 
 def command_words(service: str) -> list[str]:
@@ -33,9 +33,9 @@ def command_words(service: str) -> list[str]:
     return command if isinstance(command, list) else shlex.split(command)
 
 
-def test_compose_has_the_six_services():
+def test_compose_has_the_seven_services():
     assert set(COMPOSE["services"]) == {
-        "postgres", "redis", "migrate", "web", "worker", "beat"
+        "postgres", "redis", "migrate", "web", "otlp", "worker", "beat"
     }  # fmt: skip
 
 
@@ -110,7 +110,7 @@ def test_no_service_is_privileged_and_the_worker_gets_only_the_sandbox_grants():
     assert set(worker["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined"}
     assert worker["cgroup"] == "host"
     assert "/sys/fs/cgroup:/sys/fs/cgroup:rw" in worker["volumes"]
-    for name in ("web", "beat", "migrate"):
+    for name in ("web", "otlp", "beat", "migrate"):
         assert "cap_add" not in COMPOSE["services"][name], name
         assert "security_opt" not in COMPOSE["services"][name], name
     # Each grant says what it is for.
@@ -125,7 +125,27 @@ def test_web_and_beat_run_unprivileged_and_the_worker_as_root():
     assert re.search(r"^USER app$", dockerfile, re.MULTILINE)
     assert COMPOSE["services"]["web"]["user"] == "app"
     assert COMPOSE["services"]["beat"]["user"] == "app"
+    assert COMPOSE["services"]["otlp"]["user"] == "app"
     assert COMPOSE["services"]["worker"]["user"] == "root"
+
+
+def test_otlp_serves_grpc_on_every_interface_at_the_published_port():
+    otlp = COMPOSE["services"]["otlp"]
+    words = command_words("otlp")
+    assert isinstance(otlp["command"], list), "exec form: the receiver is PID 1"
+    assert words[:3] == ["python", "-m", "django"]
+    assert words[3] == "otlp_grpc" and "otlp_grpc" in get_commands()
+    environment = otlp["environment"]
+    assert environment["OTLP_GRPC_BIND"] == "0.0.0.0"
+    port = environment["OTLP_GRPC_PORT"]
+    assert otlp["ports"] == [f"{port}:{port}"] and port == "4317"
+    # It shares the app's environment (database, Redis, keys).
+    assert (
+        environment["DATABASE_URL"]
+        == COMPOSE["services"]["web"]["environment"]["DATABASE_URL"]
+    )
+    check = " ".join(healthcheck_words("otlp"))
+    assert f"('127.0.0.1', {port})" in check
 
 
 def test_compose_sets_secure_cookies_for_its_plain_http_port():

@@ -14,6 +14,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
 
 from controlplane.embedded_redis import free_local_port
 
@@ -49,6 +55,7 @@ def alive(pid: int) -> bool:
 
 def test_dev_launcher_becomes_healthy_and_stops_every_child(tmp_path):
     port = free_local_port()
+    grpc_port = free_local_port()
     environ = {
         k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}
     }
@@ -59,7 +66,8 @@ def test_dev_launcher_becomes_healthy_and_stops_every_child(tmp_path):
     )
     log = (tmp_path / "dev.log").open("w+")
     launcher = subprocess.Popen(
-        [sys.executable, "manage.py", "dev", "--port", str(port)],
+        [sys.executable, "manage.py", "dev", "--port", str(port),
+         "--otlp-grpc-port", str(grpc_port)],
         cwd=BASE_DIR, env=environ, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
@@ -80,19 +88,46 @@ def test_dev_launcher_becomes_healthy_and_stops_every_child(tmp_path):
         while "Ready: " not in (tmp_path / "dev.log").read_text():
             assert time.monotonic() < deadline
             time.sleep(0.2)
+        # The OTLP/gRPC receiver it started takes a span with a tenant token.
+        token = subprocess.run(
+            [sys.executable, "manage.py", "issue_token",
+             "--tenant", "kettlecraft", "--user", "operator"],
+            cwd=BASE_DIR, env=environ, capture_output=True, text=True, check=True,
+        ).stdout.strip().splitlines()[-1]  # fmt: skip
+        assert export_one_span_over_grpc(grpc_port, token) == SpanExportResult.SUCCESS
     finally:
         launcher.send_signal(signal.SIGTERM)
         launcher.wait(60)
     output = (tmp_path / "dev.log").read_text()
     assert f"Ready: http://127.0.0.1:{port}/" in output
+    assert f"127.0.0.1:{grpc_port} (gRPC)" in output
+    assert f"OTLP/gRPC receiver listening on 127.0.0.1:{grpc_port}" in output
     assert "users admin, operator, viewer" in output
     # The second demo agent, seeded through the API, and its model server.
     assert "Agents: kettlecraft-support" in output
     assert "kettlecraft-warranty (local OpenAI-compatible model, MCP tool)" in output
-    for prefix in ("   web | ", "worker | ", "  beat | ", " redis | ", " model | "):
+    for prefix in ("   web | ", "worker | ", "  beat | ", " redis | ", " model | ",
+                   "  otlp | "):  # fmt: skip
         assert prefix in output
     time.sleep(0.5)
     assert [pid for pid in children if alive(pid)] == []
+
+
+def export_one_span_over_grpc(port: int, token: str) -> SpanExportResult:
+    exporter = OTLPSpanExporter(
+        endpoint=f"127.0.0.1:{port}",
+        insecure=True,
+        headers=(("authorization", f"Bearer {token}"),),
+    )
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    with provider.get_tracer("launcher-test").start_as_current_span("hello"):
+        pass
+    try:
+        return exporter.export(spans.get_finished_spans())
+    finally:
+        exporter.shutdown()
 
 
 def test_signals_stop_the_supervisor_loop_even_in_a_storm(tmp_path):
@@ -178,7 +213,8 @@ def test_the_readme_cli_beside_make_run_reaches_its_workers_every_time(tmp_path)
     )
     log = (tmp_path / "dev.log").open("w+")
     launcher = subprocess.Popen(
-        [sys.executable, "manage.py", "dev", "--port", str(port)],
+        [sys.executable, "manage.py", "dev", "--port", str(port),
+         "--otlp-grpc-port", str(free_local_port())],
         cwd=BASE_DIR, env=environ, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     published = BASE_DIR / ".run" / "redis.json"
