@@ -160,6 +160,8 @@ def test_the_official_grpc_exporters_store_the_run_and_the_messages_of_its_span(
     assert set(spans) == {"invoke_agent grpc-agent", "chat gpt-4.1-mini"}
     chat = spans["chat gpt-4.1-mini"]
     assert chat.attributes["gen_ai.request.model"] == "gpt-4.1-mini"
+    # The span named none; its gen_ai.choice event did.
+    assert chat.attributes["gen_ai.response.finish_reasons"] == ["stop"]
     # The events came first; the span took their messages when it arrived.
     assert chat.attributes["cp.ingest.payloads_from_logs"] == [
         "gen_ai.input.messages",

@@ -175,6 +175,7 @@ def test_the_official_http_exporters_put_a_details_event_on_its_span_after_it(
         "gen_ai.output.messages",
         "gen_ai.system_instructions",
     ]
+    assert span.attributes["gen_ai.response.finish_reasons"] == ["stop"]
     assert bodies(tenant, span) == {
         "gen_ai.system_instructions": [{"type": "text", "content": "Be brief."}],
         "gen_ai.input.messages": [

@@ -19,7 +19,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.redaction import redact
-from tracing.ingest.logs import LogMessage
+from tracing.ingest.logs import OUTPUT, LogMessage
+from tracing.ingest.mapping import output_finish_reasons
 from tracing.ingest.otlp import time_of
 from tracing.models import Span, SpanLogMessage
 from tracing.payloads import payload_store
@@ -36,6 +37,16 @@ __all__ = [
 ]
 
 FROM_LOGS = "cp.ingest.payloads_from_logs"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
+
+
+def _finish_reasons(attributes: dict[str, Any], output: Any) -> None:
+    """A span that does not name its finish reasons takes its output messages'
+    (openai-v2's streamed calls put them only on the `gen_ai.choice` events)."""
+    if FINISH_REASONS not in attributes:
+        reasons = output_finish_reasons(output)
+        if reasons:
+            attributes[FINISH_REASONS] = reasons
 
 
 def log_messages_store(
@@ -104,6 +115,8 @@ def log_payloads_merge(
         merged[key] = payloads[key]
     if filled:
         merged[FROM_LOGS] = sorted(filled)
+    if OUTPUT in filled:
+        _finish_reasons(merged, payloads[OUTPUT])
     return merged
 
 
@@ -130,6 +143,8 @@ def span_log_messages_apply(
             filled.add(key)
         if span.payloads != before:
             span.attributes = {**span.attributes, FROM_LOGS: sorted(filled)}
+            if OUTPUT in filled:
+                _finish_reasons(span.attributes, payloads[span.span_id][OUTPUT])
             changed.append(span)
     Span.objects.bulk_update(changed, ["attributes", "payloads"])
     if changed:
