@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
+from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
@@ -17,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api_input import BoundedPagination, query_params, remote_addr
+from controlplane.api_input import BoundedPagination, remote_addr
 from controlplane.api_schema import ErrorDetailSerializer
 from controlplane.idempotency import (
     IDEMPOTENCY_KEY_PARAMETER,
@@ -134,22 +135,139 @@ def _input_field() -> serializers.CharField:
     )
 
 
+class InstantField(serializers.Field[dt.datetime, str, str, Any]):
+    """An ISO 8601 time, or a date alone: `from` takes its start of day (UTC),
+    `to` the next day's start (the day is included, the range half-open). A time
+    without an offset is UTC."""
+
+    default_error_messages = {
+        "invalid": "not an ISO 8601 date or time, e.g. 2026-01-31 or "
+        "2026-01-31T14:00:00Z"
+    }
+
+    def __init__(self, *, day_end: bool = False, **kwargs: Any) -> None:
+        self.day_end = day_end
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> dt.datetime:
+        # A "+" of an offset arrives as a space when not URL-encoded.
+        text = str(data).strip().replace(" ", "+")
+        try:
+            # parse_datetime takes a date alone as its midnight: dates first.
+            day = parse_date(text) if len(text) == 10 else None
+            parsed = None if day else parse_datetime(text)
+        except ValueError:  # well formed but impossible, e.g. month 13
+            self.fail("invalid")
+        if day is not None:
+            if self.day_end:
+                day += dt.timedelta(days=1)
+            return dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC)
+        if parsed is None:
+            self.fail("invalid")
+        return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=dt.UTC)
+
+    def to_representation(self, value: dt.datetime) -> str:
+        return value.isoformat()
+
+
+class RunListQuerySerializer(serializers.Serializer[Any]):
+    """The runs list's filters, sort and search (docs/api.md); the page /runs/
+    keeps the same names in its URL. An empty value means no filter."""
+
+    status = serializers.ChoiceField(
+        choices=Run.Status.values, required=False, allow_blank=True
+    )
+    agent = serializers.SlugField(max_length=64, required=False, allow_blank=True)
+    cost_gt = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=Decimal(0),
+        required=False,
+        help_text="cost strictly above this amount",
+    )
+    has_error = serializers.ChoiceField(
+        choices=["1", "0", "true", "false"],
+        required=False,
+        help_text="1: the run failed or one of its spans ended in error; 0: neither",
+    )
+    waiting = serializers.ChoiceField(
+        choices=list(selectors.RUN_WAITING_KINDS),
+        required=False,
+        help_text="a pending request: approval (a tool call), input (go on after "
+        "repeated tool errors?), budget (a budget extension)",
+    )
+    q = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        help_text="every word in the run's input or final answer (case-insensitive)",
+    )
+    trace_id = serializers.RegexField(
+        TRACE_ID_PATTERN,
+        required=False,
+        allow_blank=True,
+        help_text="the run of this trace (32 hex digits): native or sent over OTLP",
+        error_messages={"invalid": "a trace_id is 32 hex digits"},
+    )
+    sort = serializers.ChoiceField(
+        choices=[
+            f"{sign}{name}" for name in selectors.RUN_SORT_FIELDS for sign in ("", "-")
+        ],
+        required=False,
+        help_text="a field, descending with a leading '-'; ties: newest first",
+    )
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        # `from` is a Python keyword: declared here, not as a class attribute.
+        fields = super().get_fields()
+        fields["from"] = InstantField(
+            required=False, help_text="created at or after (ISO 8601 date or time)"
+        )
+        fields["to"] = InstantField(
+            required=False,
+            day_end=True,
+            help_text="created before (a date alone: that day included)",
+        )
+        return fields
+
+
+class RunListItemSerializer(RunSerializer):
+    # Pending approval requests by who they wait on: {"approval": 1, "input": 0,
+    # "budget": 0}.
+    waiting_on = serializers.SerializerMethodField()
+
+    def get_waiting_on(self, run: Run) -> dict[str, int]:
+        waiting: dict[Any, dict[str, int]] = self.context.get("waiting_on", {})
+        return waiting.get(run.pk, dict.fromkeys(selectors.RUN_WAITING_KINDS, 0))
+
+
+def run_list_query_of(request: Request) -> selectors.RunListQuery:
+    """The list's query from the request's parameters (400 naming a bad one)."""
+    given = {
+        name: value
+        for name, value in request.query_params.items()
+        if str(value).strip() != ""
+    }
+    checked = RunListQuerySerializer(data=given)
+    checked.is_valid(raise_exception=True)
+    wanted = checked.validated_data
+    has_error = wanted.get("has_error")
+    return selectors.RunListQuery(
+        status=wanted.get("status") or None,
+        agent=wanted.get("agent") or None,
+        created_from=wanted.get("from"),
+        created_to=wanted.get("to"),
+        cost_gt=wanted.get("cost_gt"),
+        has_error=None if has_error is None else has_error in ("1", "true"),
+        waiting=wanted.get("waiting"),
+        text=wanted.get("q", ""),
+        trace_id=(wanted.get("trace_id") or "").lower() or None,
+        sort=wanted.get("sort") or selectors.RUN_SORT_DEFAULT,
+    )
+
+
 class RunListApi(APIView):
     pagination_class = BoundedPagination
-
-    class RunListQuerySerializer(serializers.Serializer[Any]):
-        # An empty value means no filter, as it always has.
-        status = serializers.ChoiceField(
-            choices=Run.Status.values, required=False, allow_blank=True
-        )
-        agent = serializers.SlugField(max_length=64, required=False, allow_blank=True)
-        trace_id = serializers.RegexField(
-            TRACE_ID_PATTERN,
-            required=False,
-            allow_blank=True,
-            help_text="the run of this trace (32 hex digits): native or sent over OTLP",
-            error_messages={"invalid": "a trace_id is 32 hex digits"},
-        )
 
     class RunStartInputSerializer(serializers.Serializer[Any]):
         agent = serializers.SlugField(max_length=64)
@@ -163,20 +281,20 @@ class RunListApi(APIView):
     gate: Gate = {"GET": Action.RUN_READ, "POST": Action.RUN_START}
 
     @extend_schema(
-        parameters=[RunListQuerySerializer], responses=RunSerializer(many=True)
+        parameters=[RunListQuerySerializer], responses=RunListItemSerializer(many=True)
     )
     def get(self, request: Request) -> Response:
         context = tenant_of(request)
-        wanted = query_params(request, self.RunListQuerySerializer)
         runs = selectors.run_list_for(
-            tenant=context.tenant,
-            status=wanted.get("status"),
-            agent=wanted.get("agent"),
-            trace_id=(wanted.get("trace_id") or "").lower() or None,
+            tenant=context.tenant, query=run_list_query_of(request)
         )
         paginator = self.pagination_class()
-        page = paginator.paginate_queryset(runs, request, view=self)
-        return paginator.get_paginated_response(RunSerializer(page, many=True).data)
+        page = paginator.paginate_queryset(runs, request, view=self) or []
+        waiting = selectors.run_waiting_on(
+            tenant=context.tenant, run_ids=[run.pk for run in page]
+        )
+        rows = RunListItemSerializer(page, many=True, context={"waiting_on": waiting})
+        return paginator.get_paginated_response(rows.data)
 
     @extend_schema(
         request=RunStartInputSerializer,

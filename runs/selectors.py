@@ -5,12 +5,28 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, Prefetch, QuerySet, Sum
+from django.db.models import (
+    Count,
+    DurationField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+)
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from approvals.models import ApprovalRequest
 from budgets.models import PERIOD_DIMENSIONS, PERIODS, Budget
 from budgets.periods import bucket_start
 from budgets.selectors import budget_of
@@ -27,25 +43,159 @@ from runs.models import (
     ToolCall,
 )
 from runs.services.agent_validation import version_config_of
+from tracing.models import Span
+
+# `waiting=<who>`: the kind of pending approval request a run waits on. `input`
+# is a person's answer to "go on after repeated tool errors?" (docs/engine.md).
+RUN_WAITING_KINDS: dict[str, str] = {
+    "approval": ApprovalRequest.Kind.TOOL_CALL,
+    "input": ApprovalRequest.Kind.TOOL_ERROR,
+    "budget": ApprovalRequest.Kind.BUDGET_EXTENSION,
+}
+_KIND_WAITING = {kind: who for who, kind in RUN_WAITING_KINDS.items()}
+
+# `sort=<name>` or `-<name>`: what each name orders by. Expressions that need the
+# moment of the query are built in `_sort_expression`.
+RUN_SORT_FIELDS = (
+    "created_at",
+    "started_at",
+    "finished_at",
+    "status",
+    "agent",
+    "started_by",
+    "duration",
+    "steps",
+    "tool_calls",
+    "tokens",
+    "cost",
+    "waiting",
+)
+RUN_SORT_DEFAULT = "-created_at"
 
 
-def run_list_for(
-    *,
-    tenant: Tenant,
-    status: str | None = None,
-    agent: str | None = None,
-    trace_id: str | None = None,
-) -> QuerySet[Run]:
+@dataclass(frozen=True)
+class RunListQuery:
+    """What the runs list asks for; every field optional (None: no filter)."""
+
+    status: str | None = None
+    agent: str | None = None
+    created_from: dt.datetime | None = None  # inclusive
+    created_to: dt.datetime | None = None  # exclusive
+    cost_gt: Decimal | None = None
+    has_error: bool | None = None
+    waiting: str | None = None  # a key of RUN_WAITING_KINDS
+    text: str = ""  # every word in the input or the final answer
+    trace_id: str | None = None  # the run of this trace (lower-case hex)
+    sort: str = RUN_SORT_DEFAULT
+
+
+def _pending(kind: str | None = None) -> QuerySet[ApprovalRequest]:
+    pending = ApprovalRequest.objects.filter(
+        run=OuterRef("pk"), status=ApprovalRequest.Status.PENDING
+    )
+    return pending if kind is None else pending.filter(kind=kind)
+
+
+def _has_error() -> Q:
+    return Q(status=Run.Status.FAILED) | Q(
+        Exists(Span.objects.filter(run=OuterRef("pk"), status=Span.Status.ERROR))
+    )
+
+
+def _sort_expression(name: str, now: dt.datetime) -> Any:
+    if name == "agent":
+        return F("agent__slug")
+    if name == "started_by":
+        return F("started_by__username")
+    if name == "tokens":
+        return F("input_tokens") + F("output_tokens")
+    if name == "duration":
+        # A run going on counts until now, as the list's ticking cell shows it.
+        return ExpressionWrapper(
+            Coalesce(F("finished_at"), Value(now)) - F("started_at"),
+            output_field=DurationField(),
+        )
+    if name == "waiting":
+        return Coalesce(
+            Subquery(
+                _pending()
+                .order_by()
+                .values("run")
+                .annotate(n=Count("pk"))
+                .values("n")[:1]
+            ),
+            0,
+        )
+    return F(name)
+
+
+# A search is every word it holds (AND), each a LIKE over two text columns.
+RUN_SEARCH_MAX_WORDS = 10
+
+
+def _words(text: str) -> list[str]:
+    return text.split()[:RUN_SEARCH_MAX_WORDS]
+
+
+def run_list_for(*, tenant: Tenant, query: RunListQuery | None = None) -> QuerySet[Run]:
+    """The tenant's runs matching `query`, in a total order: the chosen field
+    (empty values last whichever the direction, on SQLite and PostgreSQL alike),
+    then newest first, then id, so pages never repeat or skip a run."""
+    query = query or RunListQuery()
     runs = Run.objects.filter(tenant=tenant).select_related(
         "agent", "agent_version", "started_by"
     )
-    if status:
-        runs = runs.filter(status=status)
-    if agent:
-        runs = runs.filter(agent__slug=agent)
-    if trace_id:
-        runs = runs.filter(trace_id=trace_id)
-    return runs.order_by("-created_at")
+    if query.status:
+        runs = runs.filter(status=query.status)
+    if query.agent:
+        runs = runs.filter(agent__slug=query.agent)
+    if query.trace_id:
+        runs = runs.filter(trace_id=query.trace_id)
+    if query.created_from is not None:
+        runs = runs.filter(created_at__gte=query.created_from)
+    if query.created_to is not None:
+        runs = runs.filter(created_at__lt=query.created_to)
+    if query.cost_gt is not None:
+        runs = runs.filter(cost__gt=query.cost_gt)
+    if query.has_error is not None:
+        runs = runs.filter(_has_error() if query.has_error else ~_has_error())
+    if query.waiting:
+        runs = runs.filter(Exists(_pending(RUN_WAITING_KINDS[query.waiting])))
+    for word in _words(query.text):
+        runs = runs.filter(Q(input__icontains=word) | Q(final_answer__icontains=word))
+    descending = query.sort.startswith("-")
+    name = query.sort.lstrip("-")
+    if name not in RUN_SORT_FIELDS:
+        raise ValueError(f"unknown sort field {name!r}")
+    if name == "created_at":
+        order = [F("created_at").desc() if descending else F("created_at").asc()]
+    else:
+        runs = runs.annotate(sort_key=_sort_expression(name, timezone.now()))
+        key = F("sort_key")
+        order = [
+            key.desc(nulls_last=True) if descending else key.asc(nulls_last=True),
+            F("created_at").desc(),
+        ]
+    order.append(F("id").desc() if descending else F("id").asc())
+    return runs.order_by(*order)
+
+
+def run_waiting_on(*, tenant: Tenant, run_ids: list[Any]) -> dict[Any, dict[str, int]]:
+    """Per run id, its pending approval requests by who they wait on."""
+    counts: dict[Any, dict[str, int]] = {
+        run_id: dict.fromkeys(RUN_WAITING_KINDS, 0) for run_id in run_ids
+    }
+    rows = (
+        ApprovalRequest.objects.filter(
+            tenant=tenant, run_id__in=run_ids, status=ApprovalRequest.Status.PENDING
+        )
+        .values("run_id", "kind")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for row in rows:
+        counts[row["run_id"]][_KIND_WAITING[row["kind"]]] = row["n"]
+    return counts
 
 
 def run_id_for_trace(*, tenant: Tenant, trace_id: str) -> uuid.UUID | None:

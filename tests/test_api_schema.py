@@ -125,7 +125,7 @@ def test_the_schema_documents_bearer_auth_paging_and_errors(live_api: LiveApi) -
     runs = document["paths"]["/api/v1/runs/"]
     assert {"bearerAuth": []} in runs["get"]["security"]
     page = runs["get"]["responses"]["200"]["content"]["application/json"]["schema"]
-    assert page == {"$ref": "#/components/schemas/PaginatedRunList"}
+    assert page == {"$ref": "#/components/schemas/PaginatedRunListItemList"}
     assert set(runs["post"]["responses"]) == {
         "201",
         "400",
