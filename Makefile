@@ -13,8 +13,10 @@ $(VENV)/.installed-run: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[dev]'
+# The Python client package (clients/python) is installed beside the app: its
+# tests and the external-agent example run against the app.
+$(VENV)/.installed-dev: pyproject.toml clients/python/pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]' -e clients/python
 	touch $@ $(VENV)/.installed-run
 
 install: $(VENV)/.installed-run
