@@ -143,7 +143,8 @@ def _bounded_move(name: str, amount: Any, maximum: Any) -> Any:
     if amount >= 0:
         amount = min(amount, maximum)
         return Least(F(name), Value(maximum - amount)) + amount
-    return Greatest(F(name) + amount, Value(amount * 0))
+    zero = Decimal(0) if isinstance(amount, Decimal) else 0
+    return Greatest(F(name) + amount, Value(zero))
 
 
 def _usage_delta(tenant: Tenant, summary: TraceSummary) -> UsageDelta:
@@ -239,7 +240,9 @@ def ingest_spans(*, tenant: Tenant, user: Any, spans: list[OtlpSpan]) -> IngestR
     )
     result = IngestResult(spans=0, runs=[])
     with telemetry_transaction():
-        for trace_id, members in by_trace.items():
+        # In trace id order: two requests holding the same traces lock their
+        # runs in the same order, so neither waits on the other forever.
+        for trace_id, members in sorted(by_trace.items()):
             if trace_id in native:
                 result.rejected += len(members)
                 result.errors.append(

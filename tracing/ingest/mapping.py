@@ -73,12 +73,13 @@ def map_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
     for source, target in _SIMPLE_RENAMES.items():
         if source in attributes and target not in attributes:
             out.setdefault(target, attributes[source])
-    folded, consumed = openinference_llm_attributes(attributes)
-    for key in consumed:
-        out.pop(key, None)
-    for key, value in folded.items():
-        if key not in attributes:
-            out.setdefault(key, value)
+    if "openinference.span.kind" in attributes or "llm.model_name" in attributes:
+        folded, consumed = openinference_llm_attributes(attributes)
+        for key in consumed:
+            out.pop(key, None)
+        for key, value in folded.items():
+            if key not in attributes:
+                out.setdefault(key, value)
     operation = out.get("gen_ai.operation.name")
     oi_kind = str(attributes.get("openinference.span.kind") or "").upper()
     tl_kind = str(attributes.get("traceloop.span.kind") or "").lower()

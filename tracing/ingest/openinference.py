@@ -91,13 +91,16 @@ def _message(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _finish_reasons(attributes: Mapping[str, Any]) -> list[str]:
-    """`llm.finish_reason`, else the choices of the raw response (`output.value`,
-    OpenAI's JSON), which older instrumentations leave as the only record."""
+    """`llm.finish_reason`, else the choices of an LLM span's raw response
+    (`output.value`, OpenAI's JSON), which older instrumentations leave as the
+    only record."""
     reason = attributes.get("llm.finish_reason")
     if isinstance(reason, str) and reason:
         return [reason]
     if isinstance(reason, list | tuple):
         return [str(r) for r in reason if r]
+    if str(attributes.get("openinference.span.kind") or "").upper() != "LLM":
+        return []
     response = _json_or_text(attributes.get("output.value"))
     choices = response.get("choices") if isinstance(response, dict) else None
     if isinstance(choices, list):
@@ -130,6 +133,8 @@ def openinference_llm_attributes(
     messages: dict[str, dict[int, dict[str, Any]]] = {"input": {}, "output": {}}
     tools: dict[int, dict[str, Any]] = {}
     for key, value in attributes.items():
+        if not key.startswith("llm."):
+            continue
         match = _MESSAGES.match(key)
         if match:
             side, index, field = match.group(1), int(match.group(2)), match.group(3)
