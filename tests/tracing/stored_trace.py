@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from runs.models import Agent, Run, Step
+from approvals.models import ApprovalRequest
+from runs.models import Agent, Run, Step, ToolCall
 from tracing.models import RunEvent, Span
 from tracing.payloads import payload_store
 from tracing.store import span_event_payload
@@ -53,6 +54,7 @@ class StoredTrace:
     steps: list[Span]
     failed: Span  # the failing tool span, three levels down
     approval: Span
+    approval_request: ApprovalRequest
     chat: Span  # step 1's chat, with the conversation payloads
     by_name: dict[str, Span] = field(default_factory=dict)
 
@@ -91,7 +93,7 @@ def store_trace(
                    "gen_ai.usage.input_tokens": 999_999})  # fmt: skip
     spans = [root]
     step_spans: list[Span] = []
-    failed = approval = chat_one = None
+    failed = approval = chat_one = request = None
     offset = 0.0
     for index in range(steps):
         at = start + dt.timedelta(seconds=offset)
@@ -109,7 +111,7 @@ def store_trace(
         spans.append(chat)
         if index == 1:
             chat_one = chat
-        Step.objects.create(
+        step_row = Step.objects.create(
             run=run, index=index, input_tokens=100 + index, output_tokens=10,
             cost=Decimal("0.010000"), started_at=at,
         )  # fmt: skip
@@ -123,6 +125,20 @@ def store_trace(
                                 "cp.approval.decider": "oscar-operator",
                             })  # fmt: skip
             spans.append(approval)
+            call_row = ToolCall.objects.create(
+                run=run, step=step_row, position=0, call_id="call_wait",
+                tool_name="create_replacement", args={"order_id": "KC-1042"},
+                args_sha256="0" * 64, idempotency_key=_hex(64),
+                status=ToolCall.Status.SUCCEEDED,
+            )  # fmt: skip
+            request = ApprovalRequest.objects.create(
+                tenant=tenant, run=run, tool_call=call_row,
+                tool_name="create_replacement", rule="effect:write",
+                args_snapshot={"order_id": "KC-1042"}, args_sha256="0" * 64,
+                status=ApprovalRequest.Status.APPROVED, decided_by=user,
+                decided_at=tool_at + dt.timedelta(seconds=wait),
+                expires_at=tool_at + dt.timedelta(hours=1),
+            )  # fmt: skip
             tool_at += dt.timedelta(seconds=wait)
         for tool in range(tools):
             name = f"execute_tool lookup_order #{tool}"
@@ -140,7 +156,7 @@ def store_trace(
                 failed = inner
                 spans.append(inner)
         offset += 10 + wait
-    assert failed is not None and approval is not None and chat_one is not None
+    assert failed and approval and chat_one and request
     chat_one.payloads = {
         "gen_ai.input.messages": payload_store(
             tenant_id=tenant.id, value=CONVERSATION_INPUT
@@ -165,6 +181,7 @@ def store_trace(
         steps=[stored_spans[s.span_id] for s in step_spans],
         failed=stored_spans[failed.span_id],
         approval=stored_spans[approval.span_id],
+        approval_request=request,
         chat=stored_spans[chat_one.span_id],
         by_name={s.name: s for s in stored_spans.values()},
     )

@@ -6,37 +6,57 @@ import { approvalDetails, approvalLabel, decisionSummary, duration, el, money, p
 import { Stream, throttle } from "./stream.js";
 import { TraceModel } from "./trace_model.js";
 import { TreeView } from "./tree_view.js";
+import { firstEvent, TraceLoader } from "./trace_loader.js";
+import { TraceFinder } from "./trace_find.js";
+import { TimeAxis } from "./time_axis.js";
 import { askDenyReason } from "./deny_dialog.js";
 import { gauge } from "./gauge.js";
+import { egressList, payloadSections, totalsTable } from "./span_data.js";
 
 const root = document.getElementById("run-root");
 const runId = root.dataset.runId;
 const canDecide = root.dataset.canDecide === "1";
-const EAGER_EVENTS = 1000; // a run with fewer events loads whole from its log
-const EVENT_PAGE = 1000; // the events endpoint's largest page
-const SPAN_PAGE = 500;
 
 const model = (window.cpTrace = new TraceModel());
 let run = null;
 let approvals = new Map(); // id -> approval of this run
-let cursor = 0;
 // Milestones in ms since navigation start (read by bench/bench_ui.py).
 const perf = (window.cpPerf = { start: performance.now() });
 
+const loader = new TraceLoader({ runId, model, perf, hooks: { schedule: () => view.schedule(), flash: (m) => flash(m) } });
 const view = new TreeView(document.getElementById("tree"), model, {
   canDecide,
-  loadChildren: (node) => loadChildren(node),
-  loadMore: (parent) => loadMore(parent),
+  loadChildren: (node) => loader.loadChildren(node),
+  loadMore: (parent) => loader.loadMore(parent),
   onSelect: (node) => selectSpan(node),
   approvalFor: (node) => pendingApprovalFor(node),
   decisionFor: (node) => decisionOf(node),
   costOf: (node) => costOf(node),
   decide: (approvalId, verb, button) => decide(approvalId, verb, button),
+  onKey: (event, node) => {
+    if (event.key === "z" && node) axis.zoomTo(node);
+    else if (event.key === "Z") axis.zoomOut();
+    else return finder.key(event);
+    return true;
+  },
+  onZoom: (node) => axis.zoomTo(node),
   afterRender: (count) => {
+    axis.update();
     if (!perf.firstRows && count > 0) { perf.firstRows = performance.now(); document.body.dataset.treeReady = "1"; }
     document.getElementById("tree-count").textContent = `${model.size} spans loaded${model.running ? ` · ${model.running} running` : ""}`;
   },
 });
+const byId = (id) => document.getElementById(id);
+const finder = new TraceFinder({
+  model, view, loader,
+  parts: { input: byId("trace-search"), prev: byId("search-prev"), next: byId("search-next"), nextError: byId("next-error"), status: byId("search-status") },
+  hooks: { approvals: () => approvals, flash: (m) => flash(m) },
+});
+const axis = new TimeAxis({
+  view, model,
+  parts: { ticks: byId("axis-ticks"), label: byId("axis-label"), reset: byId("axis-reset"), minimap: byId("minimap"), waiting: byId("axis-waiting") },
+});
+const onSpanSelected = (node) => finder.remember(node);
 document.getElementById("tree").addEventListener("focus", () => { if (view.active < 0) view.moveTo(0); });
 
 // ---- approvals -------------------------------------------------------------
@@ -345,176 +365,33 @@ function applyEvent(event) {
 }
 const loadApprovalsSoon = throttle(loadApprovals, 250);
 
-async function fetchSpans(url) {
-  const page = await api(url);
-  let next = null;
-  if (page && !Array.isArray(page)) {
-    if (page.next) next = page.next;
-    else if (page.next_offset != null) {
-      const u = new URL(url, location.origin);
-      u.searchParams.set("offset", String(page.next_offset));
-      next = u.pathname + u.search;
-    }
-  }
-  return { spans: rowsOf(page), next };
-}
-
-async function loadChildren(node) {
-  try {
-    const { spans, next } = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=${node.id}&limit=${SPAN_PAGE}`);
-    model.addPage(node.id, spans, next);
-  } catch (error) {
-    node.loading = false;
-    node.expanded = false;
-    flash(`Could not load children of ${node.s.name}: ${error.message}`);
-  }
-  model.version += 1;
-  view.schedule();
-}
-
-async function loadMore(parent) {
-  const holder = parent || model;
-  const next = parent ? parent.next : model.rootNext;
-  if (!next || (parent ? parent.loading : model.rootLoading)) return;
-  if (parent) parent.loading = true; else model.rootLoading = true;
-  try {
-    const { spans, next: after } = await fetchSpans(next);
-    model.addPage(parent ? parent.id : "", spans, after);
-    if (!parent) model.rootNext = after;
-  } catch (error) {
-    flash(`Could not load more spans: ${error.message}`);
-  } finally {
-    if (parent) parent.loading = false; else model.rootLoading = false;
-    holder.version = holder.version ?? 0;
-    model.version += 1;
-    view.schedule();
-  }
-}
-
-// The log's last seq without reading it all: gallop, then bisect.
-async function lastSeq(known) {
-  const has = async (after) => rowsOf(await api(`/api/v1/runs/${runId}/events/?after_seq=${after}&limit=1`)).length > 0;
-  if (!(await has(known))) return known;
-  let low = known; // invariant: an event after low exists, none after high
-  let high = known * 4 + 1000;
-  while (await has(high)) { low = high; high *= 4; }
-  while (high - low > 1) {
-    const mid = Math.floor((low + high) / 2);
-    if (await has(mid)) low = mid; else high = mid;
-  }
-  return high;
-}
-
-async function loadTrace() {
-  const events = [];
-  let page = null;
-  let available = true;
-  try {
-    // One tiny probe decides: a log longer than a page means a large run,
-    // which never downloads its log.
-    const probe = await api(`/api/v1/runs/${runId}/events/?after_seq=${EAGER_EVENTS}&limit=1`);
-    perf.probed = performance.now();
-    if (rowsOf(probe).length) {
-      page = { events: new Array(EVENT_PAGE) }; // "full": take the lazy path
-    } else {
-      page = await api(`/api/v1/runs/${runId}/events/?after_seq=0&limit=${EVENT_PAGE}`);
-      events.push(...rowsOf(page));
-    }
-  } catch (error) {
-    if (!(error instanceof ApiError && error.status === 404)) throw error;
-    available = false; // no events endpoint: the socket replays from the start
-  }
-  const complete = !available || rowsOf(page).length < EVENT_PAGE;
-  if (complete) {
-    // A small run: its log is the whole story, every node fully known.
-    for (const event of events) { cursor = event.seq; applyEventQuiet(event); }
-    for (const node of model.nodes.values()) model.settle(node);
-    model.adoptOrphans();
-    expandDefault();
-    return;
-  }
-  // A large run: roots and the first pages of children now, the rest on expand.
-  const roots = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=&limit=${SPAN_PAGE}`);
-  model.addPage("", roots.spans, roots.next);
-  model.rootNext = roots.next;
-  perf.roots = performance.now();
-  view.schedule();
-  const opened = model.roots.slice(0, 3).map((id) => model.nodes.get(id));
-  await Promise.all(opened.map((node) => {
-    node.expanded = true;
-    node.loading = true;
-    return loadChildren(node);
-  }));
-  // Then the stream's cursor: the log's last seq, and the loaded pages read
-  // again after it, so no change falls between the snapshot and the stream
-  // (events after the cursor are replayed and applied idempotently).
-  return async () => {
-    cursor = await lastSeq(EAGER_EVENTS);
-    perf.cursor = performance.now();
-    const again = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=&limit=${SPAN_PAGE}`);
-    model.addPage("", again.spans, model.rootNext);
-    await Promise.all(opened.map(async (node) => {
-      const page = await fetchSpans(`/api/v1/runs/${runId}/spans/?parent=${node.id}&limit=${SPAN_PAGE}`);
-      model.addPage(node.id, page.spans, node.next);
-    }));
-    view.schedule();
-  };
-}
-
-// A span seen from its first event on: its children's events all come with or
-// after it, so its list of children is known (not loaded on demand).
-function firstEvent(event) {
-  return event.type === "span.started" || event.payload.first_event === true;
-}
-
-function applyEventQuiet(event) {
-  if (event.type === "span.started" || event.type === "span.ended" || event.type === "span.abandoned") {
-    model.upsert(event.payload, { complete: firstEvent(event) });
-  }
-}
-
-function expandDefault() {
-  // Expand everything in a small trace; a large one opens root and steps only.
-  const all = model.size <= 400;
-  for (const node of model.nodes.values()) {
-    const depth = model.pathTo(node.id).length;
-    node.expanded = all || depth <= 2;
-  }
-  model.version += 1;
-}
-
 // ---- span detail panel ----------------------------------------------------------
 
 let detailToken = 0;
 let detailTimer = null;
 let lastFull = null; // the selected span as fetched, with its payload bodies
+let lastTotals = null; // {id, totals}: the selected span's subtree, as counted by the server
 
 function selectSpan(node, { refetch = true } = {}) {
   lastFull = null;
+  if (lastTotals?.id !== node.id) lastTotals = null;
   renderDetail(node, null);
+  onSpanSelected(node);
   if (!refetch || node.s.id == null) return;
   clearTimeout(detailTimer);
   const token = ++detailToken;
   detailTimer = setTimeout(async () => {
+    const totals = api(`/api/v1/spans/${node.s.id}/subtree/`).catch((error) => ({ error: error.message }));
     try {
       const full = await api(`/api/v1/spans/${node.s.id}/`);
       if (token === detailToken) { lastFull = full; renderDetail(node, full); }
     } catch (error) {
-      if (token === detailToken) renderDetail(node, { error: error.message });
+      if (token === detailToken) { lastFull = { error: error.message }; renderDetail(node, lastFull); }
     }
+    const counted = await totals;
+    if (token === detailToken) { lastTotals = { id: node.id, totals: counted }; renderDetail(node, lastFull); }
   }, 120);
 }
-
-const PAYLOAD_TITLES = {
-  "gen_ai.system_instructions": "System instructions", "gen_ai.input.messages": "Model input",
-  "gen_ai.output.messages": "Model output", "gen_ai.tool.call.arguments": "Tool arguments",
-  "gen_ai.tool.call.result": "Tool result", "gen_ai.tool.definitions": "Tool definitions",
-};
-
-const PAYLOAD_TEST_IDS = {
-  "gen_ai.input.messages": "span-input", "gen_ai.output.messages": "span-output",
-  "gen_ai.tool.call.arguments": "span-arguments", "gen_ai.tool.call.result": "span-result",
-};
 
 // Approve from the panel: the arguments (editable JSON), the scope and a reason.
 // Invalid JSON is refused next to the field and nothing is sent.
@@ -566,18 +443,6 @@ function approvalForm(approval) {
       el("button", { type: "button", class: "deny", "aria-label": `Deny ${approval.tool} (panel)`, text: "✕ Deny", onclick: (e) => decide(approval.id, "deny", e.target) })));
 }
 
-function bodiesOf(full) {
-  if (!full) return null;
-  for (const key of ["payload_bodies", "payload_contents", "payload_values", "payloads"]) {
-    const map = full[key];
-    if (map && typeof map === "object" && !Array.isArray(map)) {
-      const values = Object.values(map);
-      if (!values.length || values.some((v) => typeof v !== "string" || !/^[0-9a-f]{64}$/.test(v))) return map;
-    }
-  }
-  return null;
-}
-
 function renderDetail(node, full) {
   const s = full && full.span_id ? full : node.s;
   const a = s.attributes || {};
@@ -622,49 +487,18 @@ function renderDetail(node, full) {
     if (a["gen_ai.response.finish_reasons"]) facts.push(el("dt", { text: "Finish" }), el("dd", { text: [].concat(a["gen_ai.response.finish_reasons"]).join(", ") }));
     parts.push(el("dl", { class: "span-facts" }, ...facts));
   }
+  parts.push(totalsTable(s, costOf(node), lastTotals?.id === node.id ? lastTotals.totals : null));
   const egress = (s.events || []).filter((event) => event.name === "egress");
   if (egress.length) parts.push(egressList(egress));
   const sandbox = Object.entries(a).filter(([k]) => k.startsWith("cp.sandbox."));
   if (sandbox.length) {
     parts.push(el("section", { class: "sandbox" }, el("h3", { text: "Sandbox enforcement" }), table(sandbox.map(([k, v]) => [k.slice(11), v]))));
   }
-  const bodies = bodiesOf(full);
-  const names = Object.keys(s.payloads || node.s.payloads || {});
-  for (const name of names.sort((x, y) => order(x) - order(y))) {
-    const title = PAYLOAD_TITLES[name] || name;
-    const body = bodies ? bodies[name] : undefined;
-    const details = el("details", { open: name !== "gen_ai.tool.definitions" && name !== "gen_ai.system_instructions" },
-      el("summary", { text: title }),
-      el("pre", { class: "payload", "data-testid": PAYLOAD_TEST_IDS[name], text: body === undefined ? (full?.error ? `Could not load: ${full.error}` : "Loading…") : pretty(body) }));
-    parts.push(details);
-  }
+  parts.push(...payloadSections(s.payloads || node.s.payloads || {}, full));
   const plain = Object.entries(a).filter(([k]) => !k.startsWith("cp.sandbox."));
   parts.push(el("h3", { text: "Attributes" }), table(plain));
   parts.push(el("p", { class: "muted small" }, el("code", { text: `span ${s.span_id} · trace ${s.trace_id}` })));
   panel.replaceChildren(...parts);
-}
-
-// Each connection the sandbox's egress proxy allowed or refused (a `sandbox` span's
-// `egress` events): the credential is named by its secret, never its value.
-function egressList(events) {
-  return el("section", { class: "egress", "data-testid": "span-egress" }, el("h3", { text: `Egress (${events.length})` }),
-    el("ol", { class: "egress-log" }, ...events.map((event) => {
-      const x = event.attributes || {};
-      const decision = x["cp.egress.decision"] || "";
-      const facts = [];
-      if (x["cp.egress.reason"]) facts.push(x["cp.egress.reason"]);
-      if (x["cp.egress.bytes_out"] != null) facts.push(`${x["cp.egress.bytes_out"]} B out · ${x["cp.egress.bytes_in"] ?? 0} B in`);
-      if (x["cp.egress.tls"]) facts.push("TLS by the proxy");
-      if (x["cp.egress.credential"]) facts.push(`credential ${x["cp.egress.credential"]}`);
-      return el("li", { class: `egress-${decision}` },
-        el("strong", { text: decision }), " ", el("code", { text: x["cp.egress.target"] || "" }),
-        x["cp.egress.address"] ? ` → ${x["cp.egress.address"]}` : "",
-        facts.length ? el("div", { class: "muted small", text: facts.join(" · ") }) : null);
-    })));
-}
-
-function order(name) {
-  return Object.keys(PAYLOAD_TITLES).indexOf(name);
 }
 
 function table(entries) {
@@ -683,7 +517,7 @@ setInterval(() => {
 const header = Promise.all([loadRun(), loadApprovals()]);
 let settleCursor = null;
 try {
-  settleCursor = await loadTrace();
+  settleCursor = await loader.load();
 } catch (error) {
   flash(`Could not load the trace: ${error.message}`);
 }
@@ -691,11 +525,8 @@ await header;
 perf.loaded = performance.now();
 view.schedule();
 renderBanner();
-const hash = new URLSearchParams(location.hash.slice(1));
-if (hash.get("call")) {
-  const target = [...model.nodes.values()].find((n) => n.s.name.startsWith("approval") && (n.s.attributes || {})["gen_ai.tool.call.id"] === hash.get("call"));
-  if (target) view.select(target.id);
-}
+await finder.openLink();
+finder.loadErrors();
 requestAnimationFrame(() => { perf.interactive = performance.now(); document.body.dataset.interactive = "1"; });
 if (settleCursor) {
   try { await settleCursor(); } catch (error) { flash(`Could not load the trace: ${error.message}`); }
@@ -703,7 +534,7 @@ if (settleCursor) {
 window.cpStream = new Stream({
   path: `/ws/runs/${runId}/`,
   cursorParam: "after_seq",
-  cursor,
+  cursor: loader.cursor,
   cursorOf: (event) => event.seq,
   onEvent: applyEvent,
   onDelta: applyDelta,

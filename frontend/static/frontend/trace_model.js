@@ -2,6 +2,8 @@
 // null until fetched (lazy mode) or known complete (spans seen from their start
 // in the event log). Live span events update nodes idempotently by span_id.
 
+const FAILED = new Set(["error", "abandoned"]);
+
 export class TraceModel {
   constructor() {
     this.nodes = new Map(); // span_id -> node
@@ -11,6 +13,11 @@ export class TraceModel {
     this.t0 = null;
     this.t1 = null;
     this.running = 0;
+    // Failed spans (loaded, or named by the server's search with their path):
+    // every ancestor of one carries a mark, so an error deep in a large trace
+    // shows from the top.
+    this.errors = new Map(); // span_id -> ancestor ids (root first)
+    this.errorMarks = new Map(); // ancestor span_id -> failed spans below it
   }
 
   get size() { return this.nodes.size; }
@@ -27,6 +34,7 @@ export class TraceModel {
       node.fromEvent = node.fromEvent || authoritative;
       if (wasRunning && span.status !== "running") this.running -= 1;
       this.stretch(span);
+      if (FAILED.has(span.status)) this.markError(node.id);
       this.version += 0; // same rows, new content
       return node;
     }
@@ -37,6 +45,7 @@ export class TraceModel {
     if (span.status === "running") this.running += 1;
     this.stretch(span);
     this.attach(node);
+    if (FAILED.has(span.status)) this.markError(node.id);
     const waiting = this.orphans.get(node.id);
     if (waiting) {
       this.orphans.delete(node.id);
@@ -106,6 +115,59 @@ export class TraceModel {
     if (this.t1 === null || start > this.t1) this.t1 = start;
   }
 
+  // A failed span: marks on its ancestors. `path` (from the server) names
+  // ancestors that may not be loaded; else the loaded chain is used.
+  markError(id, path = null) {
+    const ancestors = path || this.pathTo(id).slice(0, -1).map((n) => n.id);
+    const known = this.errors.get(id);
+    if (known && known.length >= ancestors.length) return;
+    if (known) for (const a of known) this.errorMarks.set(a, (this.errorMarks.get(a) || 1) - 1);
+    this.errors.set(id, ancestors);
+    for (const a of ancestors) this.errorMarks.set(a, (this.errorMarks.get(a) || 0) + 1);
+    this.marksVersion = (this.marksVersion || 0) + 1;
+  }
+
+  // Time spent waiting for a person (approval spans), per span and every
+  // ancestor: [start, end] intervals, end null while it waits.
+  waitsOf(id) {
+    if (this.waitsVersion !== this.version + this.nodes.size) {
+      this.waits = new Map();
+      for (const node of this.nodes.values()) {
+        if (!node.s.name.startsWith("approval")) continue;
+        const interval = [Date.parse(node.s.started_at), node.s.ended_at ? Date.parse(node.s.ended_at) : null];
+        for (const n of this.pathTo(node.id)) {
+          const list = this.waits.get(n.id) || [];
+          list.push(interval);
+          this.waits.set(n.id, list);
+        }
+      }
+      this.waitsVersion = this.version + this.nodes.size;
+    }
+    return this.waits.get(id) || null;
+  }
+
+  // Every span loaded and every list of children known: the model can answer
+  // a search by itself.
+  get complete() {
+    if (this.rootNext || this.orphans.size) return false;
+    for (const node of this.nodes.values()) if (node.children === null || node.next) return false;
+    return true;
+  }
+
+  // Sorts span ids in the order of their rows once expanded (depth first,
+  // siblings by start time).
+  treeOrder(ids) {
+    const keyOf = (id) => this.pathTo(id).map((n) => [n.s.started_at, n.s.id ?? 0, n.id]);
+    const keyed = ids.map((id) => [keyOf(id), id]);
+    const cmp = (a, b) => {
+      for (let i = 0; i < Math.min(a.length, b.length); i += 1) {
+        for (let j = 0; j < 3; j += 1) if (a[i][j] !== b[i][j]) return a[i][j] < b[i][j] ? -1 : 1;
+      }
+      return a.length - b.length;
+    };
+    return keyed.sort((x, y) => cmp(x[0], y[0])).map(([, id]) => id);
+  }
+
   // The visible rows: depth-first over expanded nodes, with pseudo-rows for
   // "loading" and "load more".
   flatten() {
@@ -116,6 +178,12 @@ export class TraceModel {
         rows.push({ node, depth, parent });
         if (node.expanded) {
           if (node.children) walk(node.children, depth + 1, node);
+          else if (node.early.length) {
+            // Spans found by a search or a link before the list is loaded:
+            // shown in place, the rest load when their row comes into view.
+            walk(this.sortedEarly(node), depth + 1, node);
+            if (!node.loading) rows.push({ pseudo: "rest", depth: depth + 1, parent: node });
+          }
           if (node.loading) rows.push({ pseudo: "loading", depth: depth + 1, parent: node });
           else if (node.next) rows.push({ pseudo: "more", depth: depth + 1, parent: node });
         }
@@ -124,6 +192,10 @@ export class TraceModel {
     walk(this.roots, 0, null);
     if (this.rootNext) rows.push({ pseudo: "more", depth: 0, parent: null });
     return rows;
+  }
+
+  sortedEarly(node) {
+    return node.early.map((id) => this.nodes.get(id)).sort((a, b) => (a.s.started_at < b.s.started_at ? -1 : 1)).map((n) => n.id);
   }
 
   pathTo(id) {

@@ -2,6 +2,9 @@
 // fixed height, absolutely positioned over a spacer as tall as all rows.
 // Keyboard: ↑/↓ move, → expands or enters, ← collapses or goes up, Home/End,
 // PageUp/PageDown, * expands all siblings; the focused row is the selected span.
+// Other keys go to hooks.onKey (search: n/N/e, zoom: z). The timeline column
+// is drawn on `axis` (the whole trace, or the span zoomed to); a search's hits
+// are highlighted and every ancestor of a failed span carries a mark.
 
 import { decisionSummary, duration, money, statusParts, timeLeft, tokens } from "./format.js";
 
@@ -23,6 +26,8 @@ export class TreeView {
     this.selectedId = null;
     this.frame = 0;
     this.canDecide = hooks.canDecide;
+    this.zoom = null; // {t0, t1, id}: the timeline shows this window only
+    this.hits = null; // {ids: Map span_id -> what matched, current, needle}
     this.spacer = document.createElement("div");
     this.spacer.className = "tree-spacer";
     this.layer = document.createElement("div");
@@ -58,6 +63,9 @@ export class TreeView {
     const activeId = this.rows[this.active]?.node?.id;
     this.rows = this.model.flatten();
     this.flatVersion = this.model.version;
+    // As tall as the rows at once: a scroll to a row set before the next
+    // frame (a deep link, a search hit) must not be clamped to the old height.
+    this.spacer.style.height = `${this.rows.length * ROW_HEIGHT}px`;
     if (activeId) this.active = this.rows.findIndex((r) => r.node && r.node.id === activeId);
   }
 
@@ -73,9 +81,11 @@ export class TreeView {
     // While spans run the axis ends at "now", moved once a second so that rows
     // whose content did not change keep their DOM.
     const now = this.model.running ? Math.ceil(Date.now() / 1000) * 1000 : Date.now();
-    const t0 = this.model.t0 ?? now;
-    const t1 = Math.max(this.model.running ? now : (this.model.t1 ?? now), t0 + 1);
-    this.axis = { t0, t1 };
+    const whole0 = this.model.t0 ?? now;
+    const whole1 = Math.max(this.model.running ? now : (this.model.t1 ?? now), whole0 + 1);
+    const t0 = this.zoom ? this.zoom.t0 : whole0;
+    const t1 = this.zoom ? Math.max(this.zoom.t1, t0 + 1) : whole1;
+    this.axis = { t0, t1, whole0, whole1, now };
     const keep = new Map();
     const order = [];
     for (let i = first; i < last; i += 1) {
@@ -104,6 +114,10 @@ export class TreeView {
     for (let i = first; i < last; i += 1) {
       const row = this.rows[i];
       if (row.pseudo === "more" && !(row.parent?.loading ?? this.model.rootLoading)) this.hooks.loadMore(row.parent);
+      if (row.pseudo === "rest" && !row.parent.loading) {
+        row.parent.loading = true;
+        this.hooks.loadChildren(row.parent);
+      }
     }
     if (this.hooks.afterRender) this.hooks.afterRender(last - first);
     if (window.cpRenderTimes) window.cpRenderTimes.push(performance.now() - began);
@@ -113,7 +127,7 @@ export class TreeView {
     const top = index * ROW_HEIGHT;
     const pad = 8 + row.depth * 16;
     if (row.pseudo) {
-      const text = row.pseudo === "loading" ? "Loading…" : "Loading more…";
+      const text = { loading: "Loading…", more: "Loading more…", rest: "Loading the other spans here…" }[row.pseudo];
       return `<div class="trow pseudo" role="none" style="top:${top}px"><span style="padding-left:${pad + 18}px" class="muted">${text}</span></div>`;
     }
     const node = row.node;
@@ -130,8 +144,23 @@ export class TreeView {
     const start = Date.parse(s.started_at);
     const end = s.ended_at ? Date.parse(s.ended_at) : now;
     const span = t1 - t0;
-    const left = ((start - t0) / span) * 100;
-    const width = Math.max(0.3, ((end - start) / span) * 100);
+    // Clipped to a window around the axis (a zoomed axis leaves most outside).
+    const cs = Math.max(start, t0 - span);
+    const ce = Math.max(cs, Math.min(end, t1 + span));
+    const clippedLeft = ((cs - t0) / span) * 100;
+    const width = Math.max(0.3, ((ce - cs) / span) * 100);
+    const waits = this.model.waitsOf(node.id);
+    let waitBars = "";
+    for (const [ws, we] of waits || []) {
+      const wend = we ?? now;
+      if (wend < t0 || ws > t1) continue;
+      const wl = ((Math.max(ws, t0) - t0) / span) * 100;
+      const ww = Math.max(0.3, ((Math.min(wend, t1) - Math.max(ws, t0)) / span) * 100);
+      waitBars += `<span class="wait" title="waiting for a person: ${esc(duration(wend - ws))}" style="left:${wl.toFixed(3)}%;width:${ww.toFixed(3)}%"></span>`;
+    }
+    const hit = this.hits?.ids.get(node.id);
+    const current = this.hits?.current === node.id;
+    const errorsBelow = this.model.errorMarks.get(node.id) || 0;
     const inT = a["gen_ai.usage.input_tokens"];
     const outT = a["gen_ai.usage.output_tokens"];
     const tok = inT != null || outT != null ? tokens((inT || 0) + (outT || 0)) : "";
@@ -156,15 +185,22 @@ export class TreeView {
       const text = decisionSummary(decision);
       extra = `<span class="decision-inline" data-testid="decision-inline" title="${esc(text)}">${esc(text)}</span>`;
     }
-    const label = `${s.name}, ${approval ? "waiting for approval" : word}`;
-    return `<div class="trow st-${esc(s.status)}${selected ? " selected" : ""}${focus ? " focus" : ""}${approval ? " pending" : ""}" id="row-${esc(node.id)}" role="treeitem"`
+    const label = `${s.name}, ${approval ? "waiting for approval" : word}${errorsBelow ? `, ${errorsBelow === 1 ? "an error" : `${errorsBelow} errors`} below` : ""}`;
+    let name = esc(s.name);
+    if (hit && this.hits.needle) {
+      const at = s.name.toLowerCase().indexOf(this.hits.needle);
+      if (at >= 0) name = `${esc(s.name.slice(0, at))}<mark>${esc(s.name.slice(at, at + this.hits.needle.length))}</mark>${esc(s.name.slice(at + this.hits.needle.length))}`;
+    }
+    const why = hit && hit !== "name" ? `<span class="hit-why" title="${esc(hit)}">${esc(hit)}</span>` : "";
+    const below = errorsBelow ? `<span class="err-below" title="${esc(`${errorsBelow} failed span${errorsBelow === 1 ? "" : "s"} below; press e to go to the next error`)}" aria-hidden="true">▲${errorsBelow}</span>` : "";
+    return `<div class="trow st-${esc(s.status)}${selected ? " selected" : ""}${focus ? " focus" : ""}${approval ? " pending" : ""}${hit ? " hit" : ""}${current ? " hit-current" : ""}${errorsBelow ? " has-error-below" : ""}" id="row-${esc(node.id)}" role="treeitem"`
       + ` aria-level="${row.depth + 1}" aria-selected="${selected}"${leaf ? "" : ` aria-expanded="${node.expanded}"`} aria-label="${esc(label)}"`
       + ` data-index="${index}" data-span="${esc(node.id)}" style="top:${top}px">`
       + `<span class="name" style="padding-left:${pad}px">${toggle}<span class="sicon s-${esc(approval ? "waiting_approval" : shown)}" title="${esc(approval ? "waiting for approval" : word)}" aria-hidden="true">${approval ? "‖" : icon}</span>`
-      + `<span class="label" title="${esc(s.name)}">${esc(s.name)}</span><span class="sr-only">${esc(word)}</span>${extra}</span>`
+      + `<span class="label" title="${esc(s.name)}">${name}</span>${below}${why}<span class="sr-only">${esc(word)}</span>${extra}</span>`
       + (approval ? "" : `<span class="num" title="${esc(tokTitle)}">${tok}</span><span class="num">${cost == null ? "" : money(cost)}</span>`
       + `<span class="num">${duration(end - start)}</span>`)
-      + (approval ? "" : `<span class="bar-track"><span class="bar b-${esc(s.status)}" style="left:${left.toFixed(3)}%;width:${width.toFixed(3)}%"></span></span>`)
+      + (approval ? "" : `<span class="bar-track" data-action="zoom" title="click to zoom the time axis to ${esc(s.name)}"><span class="bar b-${esc(s.name.startsWith("approval") ? "wait" : s.status)}" style="left:${clippedLeft.toFixed(3)}%;width:${width.toFixed(3)}%"></span>${waitBars}</span>`)
       + `</div>`;
   }
 
@@ -182,6 +218,7 @@ export class TreeView {
     if (index < 0 || Number.isNaN(index)) return;
     if (action === "toggle") this.toggle(this.rows[index].node);
     this.moveTo(index, { focus: true });
+    if (action === "zoom") this.hooks.onZoom?.(this.rows[index].node);
   }
 
   async toggle(node, open = !node.expanded) {
@@ -211,6 +248,13 @@ export class TreeView {
     this.schedule();
   }
 
+  // A deep link or a search hit: the row in the middle of the view.
+  center(id) {
+    const index = this.rows.findIndex((r) => r.node && r.node.id === id);
+    if (index < 0) return;
+    this.host.scrollTop = Math.max(0, index * ROW_HEIGHT - this.host.clientHeight / 2);
+  }
+
   scrollIntoView(index) {
     const top = index * ROW_HEIGHT;
     const h = this.host.clientHeight;
@@ -218,13 +262,13 @@ export class TreeView {
     else if (top + ROW_HEIGHT > this.host.scrollTop + h) this.host.scrollTop = top + ROW_HEIGHT - h;
   }
 
-  select(id) {
+  select(id, { focus = true } = {}) {
     const path = this.model.pathTo(id);
     for (const node of path.slice(0, -1)) node.expanded = true;
     this.model.version += 1;
     this.refreshRows({ force: true });
     const index = this.rows.findIndex((r) => r.node && r.node.id === id);
-    if (index >= 0) this.moveTo(index, { focus: true });
+    if (index >= 0) this.moveTo(index, { focus });
   }
 
   onKey(event) {
@@ -259,7 +303,8 @@ export class TreeView {
       case "Enter": case " ":
         if (node) this.toggle(node);
         break;
-      default: return;
+      default:
+        if (!this.hooks.onKey?.(event, node)) return;
     }
     event.preventDefault();
   }
