@@ -389,7 +389,11 @@ function selectSpan(node, { refetch = true } = {}) {
       if (token === detailToken) { lastFull = { error: error.message }; renderDetail(node, lastFull); }
     }
     const counted = await totals;
-    if (token === detailToken) { lastTotals = { id: node.id, totals: counted }; renderDetail(node, lastFull); }
+    if (token !== detailToken) return;
+    // Only the totals change: the rest of the panel (a form being typed in)
+    // keeps its DOM.
+    lastTotals = { id: node.id, totals: counted };
+    document.querySelector("#detail [data-testid='span-totals']")?.replaceWith(totalsTable(node.s, costOf(node), counted));
   }, 120);
 }
 

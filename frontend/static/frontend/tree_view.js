@@ -297,7 +297,8 @@ export class TreeView {
       case "*": // expand every sibling of the focused node (WAI-ARIA tree)
         if (!node) break;
         for (const sibling of this.rows.filter((r) => r.node && r.parent === row.parent)) {
-          if (!sibling.node.expanded) this.toggle(sibling.node, true);
+          // (one opened by a search shows only its hits until loaded)
+          if (!sibling.node.expanded || sibling.node.children === null) this.toggle(sibling.node, true);
         }
         break;
       case "Enter": case " ":
