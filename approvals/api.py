@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -49,9 +49,9 @@ class ApprovalSerializer(serializers.Serializer[Any]):
     extension = RedactedJSONField(allow_null=True)
     run = serializers.UUIDField(source="run_id")
     run_status = serializers.CharField(source="run.status")
-    tool_call_id = serializers.CharField(
-        source="tool_call.call_id", allow_null=True, default=None
-    )
+    # The call's id on the trace: the model's call id, or an external call's
+    # request id (the approval span carries it as gen_ai.tool.call.id).
+    tool_call_id = serializers.SerializerMethodField()
     tool = serializers.CharField(source="tool_name")
     # Redacted: the snapshot keeps what the tool executes with. An approver who
     # edits sends the shown values back and the service restores what they hide.
@@ -77,6 +77,10 @@ class ApprovalSerializer(serializers.Serializer[Any]):
     decided_at = serializers.DateTimeField(allow_null=True)
     reason = RedactedCharField()
     decisions = DecisionSerializer(many=True, source="decisions.all")
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_tool_call_id(self, approval: ApprovalRequest) -> str | None:
+        return services.call_id_of(approval)
 
     def get_summary(self, approval: ApprovalRequest) -> str:
         if approval.extension is not None:

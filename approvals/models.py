@@ -76,12 +76,15 @@ class ApprovalRequest(models.Model):
     """A decision a run waits for: a gated tool call, a budget extension (a
     reservation was refused and the tenant asked to be asked, docs/budgets.md),
     or a tool error (a tool failed twice alike and its contract asks a person
-    whether the run may go on, docs/engine.md)."""
+    whether the run may go on, docs/engine.md), or an external call (a tool call
+    of an agent running elsewhere, asked over HTTP: runs' ExternalGate, with no
+    ToolCall row; docs/external-agents.md)."""
 
     class Kind(models.TextChoices):
         TOOL_CALL = "tool_call"
         BUDGET_EXTENSION = "budget_extension"
         TOOL_ERROR = "tool_error"
+        EXTERNAL_CALL = "external_call"
 
     class Status(models.TextChoices):
         PENDING = "pending"
@@ -155,6 +158,8 @@ class ApprovalRequest(models.Model):
             return f"budget extension ({self.status})"
         if self.kind == self.Kind.TOOL_ERROR:
             return f"repeated error of {self.tool_name} ({self.status})"
+        if self.kind == self.Kind.EXTERNAL_CALL:
+            return f"approval of external {self.tool_name} ({self.status})"
         return f"approval of {self.tool_name} ({self.status})"
 
 

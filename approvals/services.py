@@ -75,6 +75,17 @@ class ArgsEdit:
 ArgsEditCheck = Callable[[ApprovalRequest, dict[str, Any]], ArgsEdit | None]
 
 
+def call_id_of(request: ApprovalRequest) -> str | None:
+    """The id the request's call goes by on the trace (`gen_ai.tool.call.id` of
+    its approval span): the model's call id, or for an external call the
+    request's own id (its caller named none)."""
+    if request.tool_call is not None:
+        return request.tool_call.call_id
+    if request.kind == ApprovalRequest.Kind.EXTERNAL_CALL:
+        return str(request.id)
+    return None
+
+
 def _event(request: ApprovalRequest, type: str, payload: dict[str, Any]) -> None:
     # By ids: the log needs no run row (a new request has not loaded one).
     run = RunIds(pk=request.run_id, tenant_id=request.tenant_id)
@@ -182,6 +193,40 @@ def approval_request_open_question(
     return request
 
 
+@transaction.atomic
+def approval_request_open_external(
+    *,
+    tenant_id: Any,
+    run_id: Any,
+    tool_name: str,
+    args: dict[str, Any],
+    args_sha256: str,
+    decision: dict[str, Any],
+    ttl_seconds: int,
+) -> ApprovalRequest:
+    """Ask for a decision on a call an agent outside the control plane is about
+    to make (kind `external_call`): bound to exactly these arguments and to the
+    rule that asked, like a native call's, with no ToolCall row."""
+    rule = rule_of(decision)
+    request = ApprovalRequest.objects.create(
+        tenant_id=tenant_id,
+        run_id=run_id,
+        kind=ApprovalRequest.Kind.EXTERNAL_CALL,
+        tool_name=tool_name,
+        rule=str(decision.get("rule", "")),
+        rule_ref=rule,
+        rule_reason=str(decision.get("reason", "")),
+        approver_roles=rule.approver_roles if rule else list(DEFAULT_APPROVER_ROLES),
+        approvals_required=rule.approvals_required if rule else 1,
+        starter_may_approve=rule.starter_may_approve if rule else True,
+        args_snapshot=args,
+        args_sha256=args_sha256,
+        expires_at=timezone.now() + dt.timedelta(seconds=int(ttl_seconds)),
+    )
+    _announce_request(request)
+    return request
+
+
 def _announce_request(request: ApprovalRequest) -> None:
     """Audit a new request and put `approval.requested` in the run's log."""
     audit_record(
@@ -214,7 +259,7 @@ def _event_view(request: ApprovalRequest) -> dict[str, Any]:
         "approval_id": str(request.id),
         "kind": request.kind,
         "extension": request.extension,
-        "tool_call_id": request.tool_call.call_id if request.tool_call else None,
+        "tool_call_id": call_id_of(request),
         "tool": request.tool_name,
         "status": request.status,
         "rule": request.rule,
@@ -251,7 +296,10 @@ def approval_decision_record(
         )
     if not approve and args is not None:
         raise ApprovalInputError("args", "arguments can only be edited when approving")
-    if request.kind != ApprovalRequest.Kind.TOOL_CALL:
+    if request.kind not in (
+        ApprovalRequest.Kind.TOOL_CALL,
+        ApprovalRequest.Kind.EXTERNAL_CALL,
+    ):
         what = (
             "a budget extension"
             if request.kind == ApprovalRequest.Kind.BUDGET_EXTENSION

@@ -2,7 +2,8 @@
 the one question every door asks of it.
 
 admin: everything in the tenant (its members and everyone's API tokens too);
-operator: start and cancel runs, decide approvals, send OTLP traces, and read;
+operator: start and cancel runs, decide approvals, send OTLP traces, ask for
+external agents' gates, and read;
 viewer: read. Every member manages their own API tokens and sees who they are
 in a tenant.
 
@@ -56,6 +57,9 @@ class Action(StrEnum):
     SECRET_READ = "secret.read"
     SECRET_WRITE = "secret.write"
     TRACE_INGEST = "trace.ingest"  # OTLP spans of external agents
+    # Put an external agent's tool call to the tenant's policy (POST
+    # /api/v1/gates/): whoever may start runs may ask for a gate.
+    GATE_REQUEST = "gate.request"
     # Every member: who they are in a tenant (and switching to it), and their
     # own API tokens.
     TENANT_READ = "tenant.read"
@@ -89,6 +93,7 @@ MATRIX: dict[str, frozenset[Action]] = {
         Action.RUN_CANCEL,
         Action.APPROVAL_DECIDE,
         Action.TRACE_INGEST,
+        Action.GATE_REQUEST,
     },
     Role.VIEWER: _READ,
 }

@@ -446,3 +446,74 @@ class McpTool(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.name} ({self.status})"
+
+
+class ExternalGate(models.Model):
+    """A tool call of an agent running outside the control plane, put to the
+    tenant's policy over HTTP (docs/external-agents.md, Gates). Its run is the
+    external run of the caller's trace; a call that needs a human has an
+    ApprovalRequest of kind `external_call`, and deciding that finalises this."""
+
+    class Status(models.TextChoices):
+        ALLOWED = "allowed"
+        DENIED = "denied"
+        PENDING = "pending"
+        APPROVED = "approved"
+        EXPIRED = "expired"
+        CANCELLED = "cancelled"
+
+    class Webhook(models.TextChoices):
+        NONE = ""  # no webhook_url
+        WAITING = "waiting"  # the gate is not final yet
+        DUE = "due"  # to be delivered at webhook_next_at
+        DELIVERED = "delivered"
+        FAILED = "failed"  # every attempt failed
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="gates")
+    approval = models.OneToOneField(
+        "approvals.ApprovalRequest",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="gate",
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    tool = models.CharField(max_length=64)
+    arguments = models.JSONField()  # as asked; an approver's edit is the approval's
+    args_sha256 = models.CharField(max_length=64)
+    input_schema = models.JSONField(null=True, blank=True)  # the caller's, prepared
+    effect = models.CharField(max_length=24, choices=McpTool.Effect.choices)
+    agent = models.CharField(max_length=100, blank=True)
+    span_id = models.CharField(max_length=16, blank=True)  # the caller's span
+    decision = models.CharField(max_length=20)  # the policy's: allow | deny | ...
+    rule = models.CharField(max_length=200)
+    reason = models.TextField(blank=True)
+    status = models.CharField(max_length=12, choices=Status.choices)
+    idempotency_key = models.CharField(max_length=255, blank=True)
+    request_sha256 = models.CharField(max_length=64)  # what the key was used for
+    webhook_url = models.URLField(max_length=2000, blank=True)
+    webhook_state = models.CharField(
+        max_length=10, choices=Webhook.choices, blank=True, default=Webhook.NONE
+    )
+    webhook_attempts = models.PositiveSmallIntegerField(default=0)
+    webhook_next_at = models.DateTimeField(null=True, blank=True)
+    webhook_last_error = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finalised_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["webhook_state", "webhook_next_at"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="one_gate_per_idempotency_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"gate {self.tool} ({self.status})"

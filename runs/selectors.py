@@ -35,6 +35,7 @@ from controlplane.models import Tenant
 from runs.models import (
     Agent,
     AgentVersion,
+    ExternalGate,
     McpServer,
     McpTool,
     ModelEndpoint,
@@ -352,3 +353,20 @@ def run_steps_cost(*, run: Run, indexes: Iterable[int]) -> Decimal:
         return Decimal(0)
     total = Step.objects.filter(run=run, index__in=wanted).aggregate(c=Sum("cost"))
     return total["c"] or Decimal(0)
+
+
+def gate_list_for(*, tenant: Tenant) -> QuerySet[ExternalGate]:
+    """The tenant's external agents' gates, with what their JSON shows."""
+    return ExternalGate.objects.filter(tenant=tenant).select_related(
+        "run", "approval", "approval__decided_by"
+    )
+
+
+def gate_is_final(*, gate_id: Any) -> bool:
+    """Whether the gate has its final answer (a long-poll's re-check, by id:
+    the caller was authorised for this gate before it waits)."""
+    return (
+        ExternalGate.objects.filter(id=gate_id)
+        .exclude(status=ExternalGate.Status.PENDING)
+        .exists()
+    )

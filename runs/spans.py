@@ -49,6 +49,8 @@ from tracing.store import span_abandon
 __all__ = [
     "approval_span_open",
     "approval_span_settle",
+    "gate_span_open",
+    "gate_span_settle",
     "chat_span",
     "root_span_id",
     "run_root_end",
@@ -603,33 +605,88 @@ def approval_span_settle(run: Run, *, tool_call: Any) -> None:
         request = ApprovalRequest.objects.filter(tool_call_id=tool_call.id).first()
         if request is None or request.status == ApprovalRequest.Status.PENDING:
             return
-        decided_at = getattr(request, "decided_at", None) or timezone.now()
-        decider = getattr(request, "decided_by", None)
-        # The decision as a person reads it on the node: who, when, why, for
-        # how long, and what the arguments were before a reviewer's edit.
-        attributes: dict[str, Any] = {
-            "cp.approval.status": request.status,
-            "cp.approval.rule": request.rule,
-            "cp.approval.wait_seconds": round(
-                (decided_at - request.requested_at).total_seconds(), 3
-            ),
-            "cp.approval.decided_at": decided_at.isoformat(),
-            "cp.approval.decision_reason": request.reason,
-            "cp.approval.scope": request.scope,
-        }
-        if decider is not None:
-            attributes["cp.approval.decider"] = decider.get_username()
-        if request.original_args is not None:
-            editor = request.args_edited_by
-            attributes["cp.approval.args_edited"] = True
-            attributes["cp.approval.args_before"] = _json(redact(request.original_args))
-            attributes["cp.approval.args_after"] = _json(redact(request.args_snapshot))
-            if editor is not None:
-                attributes["cp.approval.args_edited_by"] = editor.get_username()
         _resume_and_end(
             run,
             span_id=f"{_approval_span_id(tool_call.id):016x}",
-            attributes=attributes,
+            attributes=_decision_attributes(request),
         )
     except Exception:  # noqa: BLE001 - tracing never stops a run
         logger.warning("tracing: approval span of %s", tool_call.id, exc_info=True)
+
+
+def _decision_attributes(request: ApprovalRequest) -> dict[str, Any]:
+    """The decision as a person reads it on the node: who, when, why, for how
+    long, and what the arguments were before a reviewer's edit."""
+    decided_at = getattr(request, "decided_at", None) or timezone.now()
+    decider = getattr(request, "decided_by", None)
+    attributes: dict[str, Any] = {
+        "cp.approval.status": request.status,
+        "cp.approval.rule": request.rule,
+        "cp.approval.wait_seconds": round(
+            (decided_at - request.requested_at).total_seconds(), 3
+        ),
+        "cp.approval.decided_at": decided_at.isoformat(),
+        "cp.approval.decision_reason": request.reason,
+        "cp.approval.scope": request.scope,
+    }
+    if decider is not None:
+        attributes["cp.approval.decider"] = decider.get_username()
+    if request.original_args is not None:
+        editor = request.args_edited_by
+        attributes["cp.approval.args_edited"] = True
+        attributes["cp.approval.args_before"] = _json(redact(request.original_args))
+        attributes["cp.approval.args_after"] = _json(redact(request.args_snapshot))
+        if editor is not None:
+            attributes["cp.approval.args_edited_by"] = editor.get_username()
+    return attributes
+
+
+def gate_span_open(
+    run: Run, *, approval: ApprovalRequest, parent_span_id: str = ""
+) -> None:
+    """Start `approval {tool}` in an external run's trace, for a gated call of
+    its agent: under the caller's span when it named one (its own spans arrive
+    over OTLP and draw around it), else at the trace's top. Ends when decided."""
+    if not _traced(run):
+        return
+    parent = (
+        _parent_context(_trace_id(run), int(parent_span_id, 16))
+        if parent_span_id
+        else otel_context.Context()
+    )
+    try:
+        with (
+            long_lived(),
+            fixed_ids(trace_id=_trace_id(run), span_id=_approval_span_id(approval.id)),
+        ):
+            tracer().start_span(
+                f"approval {approval.tool_name}",
+                context=parent,
+                attributes={
+                    **_run_attributes(run),
+                    "gen_ai.tool.name": approval.tool_name,
+                    # What the approvals API calls the call (`tool_call_id`).
+                    "gen_ai.tool.call.id": str(approval.id),
+                    "gen_ai.tool.call.arguments": _json(redact(approval.args_snapshot)),
+                    "cp.approval.kind": approval.kind,
+                    "cp.approval.status": "pending",
+                    "cp.approval.rule": approval.rule,
+                    "cp.approval.reason": approval.rule_reason,
+                },
+            )
+    except Exception:  # noqa: BLE001 - tracing never stops a gate
+        logger.warning("tracing: approval span of %s", approval.id, exc_info=True)
+
+
+def gate_span_settle(run: Run, *, approval: ApprovalRequest) -> None:
+    """End a gated external call's approval span with its decision."""
+    if not _traced(run):
+        return
+    try:
+        _resume_and_end(
+            run,
+            span_id=f"{_approval_span_id(approval.id):016x}",
+            attributes=_decision_attributes(approval),
+        )
+    except Exception:  # noqa: BLE001 - tracing never stops a gate
+        logger.warning("tracing: approval span of %s", approval.id, exc_info=True)

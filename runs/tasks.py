@@ -15,6 +15,7 @@ from controlplane.celery import worker_identity
 from controlplane.failpoints import failpoint
 from runs.services import DatabaseLost, recover_stalled_runs, run_advance
 from runs.services.decide import approvals_expire
+from runs.services.gate_webhooks import gate_webhook_deliver, gate_webhooks_due
 from runs.services.mcp import mcp_stdio_listing_reply
 from runs.services.retention import retention_sweep
 from runs.spans import spans_end_of_finished_runs
@@ -83,6 +84,23 @@ def expire_approvals_task() -> int:
     """Expire pending approvals past their time-to-live (a deny, reason `expired`)
     and end their runs' waits; run by beat (no countdown/ETA)."""
     return approvals_expire()
+
+
+@shared_task(acks_late=False)
+def gate_webhook_deliver_task(*, gate_id: str) -> str:
+    """One delivery attempt of a final gate's webhook; a failed one is retried
+    by `gate_webhooks_due_task` at its back-off time (nothing waits here)."""
+    return gate_webhook_deliver(gate_id=gate_id)
+
+
+@shared_task
+def gate_webhooks_due_task() -> int:
+    """Enqueue the gate webhooks whose retry time came (or whose first enqueue
+    was lost); run by beat."""
+    due = gate_webhooks_due()
+    for gate_id in due:
+        gate_webhook_deliver_task.delay(gate_id=gate_id)
+    return len(due)
 
 
 @shared_task

@@ -6,6 +6,7 @@ from runs import (
     approvals_api,
     budget_api,
     data_api,
+    gates_api,
     mcp_api,
     overview_api,
     reservations_api,
@@ -13,6 +14,8 @@ from runs import (
 )
 
 urlpatterns = [
+    path("gates/", gates_api.GateListApi.as_view(), name="api-gates"),
+    path("gates/<uuid:gate_id>/", gates_api.gate_detail, name="api-gate"),
     path("agents/", agents_api.AgentListApi.as_view(), name="api-agents"),
     path(
         "agents/<uuid:agent_id>/",

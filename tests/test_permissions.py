@@ -15,7 +15,7 @@ from controlplane.models import ApiToken, Membership, Role
 from controlplane.permissions import MATRIX, Action, role_may
 from controlplane.secrets import secret_exists, secret_set
 from controlplane.services import api_token_issue, api_token_revoke
-from runs.models import McpServer, ModelEndpoint, Run
+from runs.models import ExternalGate, McpServer, ModelEndpoint, Run
 from runs.services import run_cancel, run_start
 from tests.runs import conftest as runs_fixtures
 
@@ -38,6 +38,7 @@ EXPECTED = {
     Action.SECRET_READ:       (True,  True,  True),
     Action.SECRET_WRITE:      (True,  False, False),
     Action.TRACE_INGEST:      (True,  True,  False),
+    Action.GATE_REQUEST:      (True,  True,  False),
     Action.AGENT_READ:        (True,  True,  True),
     Action.MCP_WRITE:         (True,  False, False),
     Action.AGENT_WRITE:       (True,  False, False),
@@ -179,6 +180,11 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
             "endTimeUnixNano": "1700000001000000000"}]}]}]}  # fmt: skip
         response = api.post("/v1/traces", body, format="json")
         assert (response.status_code == 200) == Run.objects.exists()
+    elif action is Action.GATE_REQUEST:
+        body = {"tool": "wire_transfer", "arguments": {"amount": 1},
+                "trace_id": "5b8efff798038103d269b633813fc60c"}  # fmt: skip
+        response = api.post("/api/v1/gates/", body, format="json")
+        assert (response.status_code == 201) == ExternalGate.objects.exists()
     elif action is Action.AGENT_READ:
         response = api.get("/api/v1/agents/")
         assert api.get("/api/v1/model-endpoints/").status_code == response.status_code

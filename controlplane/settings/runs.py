@@ -209,3 +209,51 @@ CELERY_BEAT_SCHEDULE["approvals-expire"] = {
     "task": "runs.tasks.expire_approvals_task",
     "schedule": APPROVAL_EXPIRE_INTERVAL_SECONDS,
 }
+
+# Gates of agents that run outside the control plane (docs/external-agents.md).
+GATE_MAX_BODY_BYTES = env.integer(
+    "GATE_MAX_BODY_BYTES",
+    1_048_576,
+    minimum=1024,
+    help="Largest POST /api/v1/gates/ body (larger: 413, nothing written).",
+)
+GATE_WAIT_MAX_SECONDS = 60  # the longest long-poll (GET /api/v1/gates/<id>/?wait=)
+GATE_WAITERS_MAX = env.integer(
+    "GATE_WAITERS_MAX",
+    2000,
+    minimum=1,
+    help="Long-polls one web process holds at once; past it a poll answers at once.",
+)
+GATE_WEBHOOK_ALLOW_PRIVATE = env.boolean(
+    "GATE_WEBHOOK_ALLOW_PRIVATE",
+    False,
+    help="Let gate webhooks go to private and loopback addresses (tests only).",
+)
+GATE_WEBHOOK_TIMEOUT_SECONDS = env.number(
+    "GATE_WEBHOOK_TIMEOUT_SECONDS",
+    10.0,
+    minimum=0.1,
+    help="Connect and read timeout of one gate webhook delivery.",
+)
+GATE_WEBHOOK_MAX_ATTEMPTS = env.integer(
+    "GATE_WEBHOOK_MAX_ATTEMPTS",
+    8,
+    minimum=1,
+    help="Deliveries of a gate webhook tried before it is given up.",
+)
+GATE_WEBHOOK_BACKOFF_SECONDS = env.number(
+    "GATE_WEBHOOK_BACKOFF_SECONDS",
+    5.0,
+    minimum=0.0,
+    help="First retry delay of a failed gate webhook; doubled per attempt (to 1 h).",
+)
+GATE_WEBHOOK_SWEEP_INTERVAL_SECONDS = env.number(
+    "GATE_WEBHOOK_SWEEP_INTERVAL_SECONDS",
+    5.0,
+    minimum=1.0,
+    help="How often beat enqueues gate webhook deliveries that are due.",
+)
+CELERY_BEAT_SCHEDULE["gate-webhooks-due"] = {
+    "task": "runs.tasks.gate_webhooks_due_task",
+    "schedule": GATE_WEBHOOK_SWEEP_INTERVAL_SECONDS,
+}

@@ -4,8 +4,9 @@
 imports `runs`; this module calls it inside its own transaction and does what the
 decision means for the waiting run: resume it (the step re-checks the approval),
 or, for a budget extension, grow the cap or grant the period allowance (approved)
-or end the run `budget_exhausted` (denied, expired). Expiry by the periodic task
-ends the wait the same way as a deny.
+or end the run `budget_exhausted` (denied, expired); for an external agent's
+call, finalise its gate (runs.services.gates), which its caller waits on.
+Expiry by the periodic task ends the wait the same way as a deny.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from runs.engine.policy import PolicyAction, PolicyContext, decide_policy
 from runs.engine.validation import validate_arguments
 from runs.services.budget_extension import run_cap_extend, run_end_budget_exhausted
 from runs.services.contract import run_end_repeated_error
+from runs.services.gates import gate_args_edit, gate_settle
 from runs.services.lifecycle import run_resume
 from runs.services.policy import tenant_policy
 from runs.services.tool_call_edit import tool_call_args_replace
@@ -99,6 +101,8 @@ def _wait_end(
     """The request is final: the run waits for it no longer."""
     if request.kind == ApprovalRequest.Kind.BUDGET_EXTENSION:
         _budget_extension_settle(request, decided_by, remote_addr)
+    elif request.kind == ApprovalRequest.Kind.EXTERNAL_CALL:
+        gate_settle(request=request)  # no run of ours waits: the gate's caller does
     elif (
         request.kind == ApprovalRequest.Kind.TOOL_ERROR
         and request.status != ApprovalRequest.Status.APPROVED
@@ -118,6 +122,8 @@ def _wait_end(
 def _args_edit(request: ApprovalRequest, args: dict[str, Any]) -> ArgsEdit | None:
     """Check edited arguments against the tool's schema and the tenant's policy and
     write them to the waiting call; None when they are the ones asked about."""
+    if request.kind == ApprovalRequest.Kind.EXTERNAL_CALL:
+        return gate_args_edit(request, args)
     new_args, new_sha = _validated_edit(request, args)
     if new_sha == request.args_sha256:
         return None

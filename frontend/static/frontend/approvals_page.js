@@ -26,7 +26,8 @@ async function load() {
     rows.sort((a, b) => Date.parse(a.requested_at) - Date.parse(b.requested_at));
     // A request whose run already ended has nothing left to decide.
     const ended = new Set(["succeeded", "failed", "unverified", "budget_exhausted", "policy_blocked", "cancelled"]);
-    rows.splice(0, rows.length, ...rows.filter((a) => !ended.has(a.run_status)));
+    // An external agent's call waits in its own process, whatever its run says.
+    rows.splice(0, rows.length, ...rows.filter((a) => a.kind === "external_call" || !ended.has(a.run_status)));
     const focusedId = items[active]?.id;
     items = rows;
     const keep = items.findIndex((a) => a.id === focusedId);
@@ -47,7 +48,7 @@ function render() {
   list.replaceChildren(...items.map((a, i) => {
     const label = approvalLabel(a);
     const budget = a.kind === "budget_extension";
-    const ofRun = a.kind !== "tool_call"; // a question about the run, not one call
+    const ofRun = !a.tool_call_id; // a question about the run, not one call
     const li = el("li", { class: `inbox-item${i === active ? " active" : ""}${budget ? " budget-extension" : ""}`, tabindex: i === active ? "0" : "-1", "data-approval": a.id, "data-kind": a.kind,
       "aria-label": `${label} in run ${a.run.slice(0, 8)}, requested ${when(a.requested_at)}, ${timeLeft(a.expires_at)}` },
       el("div", { class: "inbox-head" },

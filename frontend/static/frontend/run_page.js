@@ -61,9 +61,16 @@ document.getElementById("tree").addEventListener("focus", () => { if (view.activ
 
 // ---- approvals -------------------------------------------------------------
 
+// A finished run has nothing left to decide; an external run (an agent sent
+// over OTLP) is "finished" from its first span, and its agent's gated calls
+// wait in the agent's own process.
+function runOver() {
+  return Boolean(run && TERMINAL_RUN.has(run.status) && run.stop_reason !== "external");
+}
+
 function pendingApprovalFor(node) {
   const a = node.s.attributes || {};
-  if (run && TERMINAL_RUN.has(run.status)) return null; // nothing left to decide
+  if (runOver()) return null; // nothing left to decide
   if (!node.s.name.startsWith("approval")) return null;
   const callId = a["gen_ai.tool.call.id"];
   for (const approval of approvals.values()) {
@@ -138,7 +145,7 @@ async function loadApprovals() {
 
 function renderBanner() {
   const banner = document.getElementById("approval-banner");
-  const over = run && TERMINAL_RUN.has(run.status);
+  const over = runOver();
   const pending = over ? [] : [...approvals.values()].filter((a) => a.status === "pending");
   banner.hidden = !pending.length;
   banner.replaceChildren(...pending.map((approval) => {
