@@ -13,6 +13,7 @@ webhook (runs.services.gate_webhooks).
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -55,6 +56,10 @@ logger = logging.getLogger(__name__)
 # The tenant secret that signs gate webhooks (secret names are identifiers).
 GATE_WEBHOOK_SECRET = "gate_webhook"
 WEBHOOK_TASK = "runs.tasks.gate_webhook_deliver_task"
+RESOLVE_SECONDS = 3
+_resolver = concurrent.futures.ThreadPoolExecutor(
+    max_workers=4, thread_name_prefix="gate-webhook-resolve"
+)
 _SETTLED = {
     ApprovalRequest.Status.APPROVED: ExternalGate.Status.APPROVED,
     ApprovalRequest.Status.DENIED: ExternalGate.Status.DENIED,
@@ -176,8 +181,18 @@ def webhook_target(url: str) -> tuple[str, int, list[str]]:
         raise GateInputError("webhook_url", "the URL's port is invalid") from None
     host = parts.hostname.lower().rstrip(".")
     allowed = [f"{host}:{port}"] if settings.GATE_WEBHOOK_ALLOW_PRIVATE else []
+    # The resolver has no timeout of its own: a name whose DNS never answers
+    # must not hold the request (a small pool bounds the threads it may hold).
+    lookup = _resolver.submit(
+        checked_addresses, host, port, allowed, label="webhook_url"
+    )
     try:
-        addresses = checked_addresses(host, port, allowed, label="webhook_url")
+        addresses = lookup.result(timeout=RESOLVE_SECONDS)
+    except concurrent.futures.TimeoutError:
+        raise GateInputError(
+            "webhook_url",
+            f"the host {host!r} did not resolve within {RESOLVE_SECONDS} s",
+        ) from None
     except McpFailure as refused:
         message = str(refused).split("; an admin must")[0]
         if refused.kind == "refused":
