@@ -77,6 +77,8 @@ def may_decide(request: ApprovalRequest, user: User) -> str | None:
         return f"deciding this approval needs the role {roles}"
     if not request.starter_may_approve and request.run.started_by_id == user.id:
         return "the user who started the run may not approve its calls"
+    if not request.starter_may_approve and request.requested_by_id == user.id:
+        return "the user whose agent asked may not approve its call"
     return None
 
 

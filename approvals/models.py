@@ -149,6 +149,15 @@ class ApprovalRequest(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True)
     version = models.PositiveIntegerField(default=0)  # bumped to serialise deciders
+    # Who asked, when not the run's starter: an external agent's token user
+    # (`external_call`); a rule that keeps the starter from approving keeps them.
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "status", "requested_at"])]

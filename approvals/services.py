@@ -203,6 +203,7 @@ def approval_request_open_external(
     args_sha256: str,
     decision: dict[str, Any],
     ttl_seconds: int,
+    requested_by: User | None = None,
 ) -> ApprovalRequest:
     """Ask for a decision on a call an agent outside the control plane is about
     to make (kind `external_call`): bound to exactly these arguments and to the
@@ -222,6 +223,7 @@ def approval_request_open_external(
         args_snapshot=args,
         args_sha256=args_sha256,
         expires_at=timezone.now() + dt.timedelta(seconds=int(ttl_seconds)),
+        requested_by=requested_by,
     )
     _announce_request(request)
     return request

@@ -46,7 +46,7 @@ from runs.mcp.endpoint import McpFailure
 from runs.mcp.transports import checked_addresses
 from runs.models import ExternalGate, Run
 from runs.services.external import EXTERNAL_STOP_REASON, run_external_for_trace
-from runs.services.policy import tenant_policy
+from runs.services.policy import REQUESTED_BY, tenant_policy
 from runs.spans import gate_span_open, gate_span_settle
 from runs.tools.registry import tool_contracts_for
 from tracing.broadcast import broadcaster
@@ -296,7 +296,10 @@ def _gate_create(
         started_at=now,
     )
     context = PolicyContext(
-        run_id=str(run.id), tenant_id=str(tenant.id), agent_name=ask.agent
+        run_id=str(run.id),
+        tenant_id=str(tenant.id),
+        agent_name=ask.agent,
+        attributes={REQUESTED_BY: user.id},
     )
     decision = decide_policy(tenant_policy, contract, ask.arguments, context)
     status = {
@@ -318,6 +321,7 @@ def _gate_create(
             args_sha256=sha,
             decision=decision.to_dict(),
             ttl_seconds=ttl,
+            requested_by=user,
         )
     final = status != ExternalGate.Status.PENDING
     webhook_state = ExternalGate.Webhook.NONE
@@ -481,6 +485,7 @@ def gate_args_edit(request: ApprovalRequest, args: dict[str, Any]) -> ArgsEdit |
         run_id=str(request.run_id),
         tenant_id=str(request.tenant_id),
         agent_name=gate.agent,
+        attributes={REQUESTED_BY: gate.requested_by_id},
     )
     decision = decide_policy(tenant_policy, contract, args, context)
     if decision.action is PolicyAction.DENY:

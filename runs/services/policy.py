@@ -30,6 +30,10 @@ from runs.engine.contracts import ApprovalNeed, ToolContract
 from runs.engine.policy import PolicyAction, PolicyContext, PolicyDecision
 from runs.models import Run
 
+# `PolicyContext.attributes` key: the user who asked, when it is not the run's
+# starter (an external agent's gate).
+REQUESTED_BY = "cp.requested_by"
+
 
 def _approver_available(
     context: PolicyContext, roles: list[str], required: int, starter_may: bool
@@ -38,7 +42,8 @@ def _approver_available(
         return False
     starter_id = None
     if not starter_may:
-        starter_id = (
+        # An external agent's call: the token user who asked is the starter.
+        starter_id = context.attributes.get(REQUESTED_BY) or (
             Run.objects.filter(id=context.run_id)
             .values_list("started_by_id", flat=True)
             .first()

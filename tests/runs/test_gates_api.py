@@ -324,3 +324,35 @@ def test_a_bad_wait_is_400(operator_api, tenant):
         response = operator_api.get(f"/api/v1/gates/{gate['id']}/?wait={wait}")
         assert response.status_code == 400
         assert "wait" in response.json()["error"]["fields"]
+
+
+def test_a_rule_that_keeps_the_starter_out_keeps_the_asker_out(
+    operator_api, tenant, admin_user, api_client_for
+):
+    ApprovalPolicyRule.objects.create(
+        tenant=tenant, name="four eyes", tool="wire_*", action="require_approval",
+        starter_may_approve=False,
+    )  # fmt: skip
+    gate = operator_api.post("/api/v1/gates/", ASK, format="json").json()
+    assert gate["status"] == "pending" and gate["reason"].endswith("four eyes")
+    url = f"/api/v1/approvals/{gate['approval_id']}/decide/"
+    refused = operator_api.post(url, {"decision": "approve"}, format="json")
+    assert refused.status_code == 403
+    assert "asked" in refused.json()["error"]["message"]
+    assert ExternalGate.objects.get(id=gate["id"]).status == "pending"
+    admin = api_client_for(admin_user, tenant)
+    assert admin.post(url, {"decision": "approve"}, format="json").status_code == 200
+    assert ExternalGate.objects.get(id=gate["id"]).status == "approved"
+
+
+def test_with_nobody_else_to_approve_the_call_is_denied(
+    tenant, admin_user, api_client_for
+):
+    ApprovalPolicyRule.objects.create(
+        tenant=tenant, name="four eyes", tool="wire_*", action="require_approval",
+        starter_may_approve=False,
+    )  # fmt: skip
+    gate = api_client_for(admin_user, tenant).post("/api/v1/gates/", ASK, format="json")
+    assert gate.json()["status"] == "denied"
+    assert "this tenant has none" in gate.json()["reason"]
+    assert not ApprovalRequest.objects.exists()
