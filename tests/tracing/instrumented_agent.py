@@ -10,7 +10,9 @@ id.
 
 `--first-streams`: the first model call streams, the second does not (else the
 other way round). `--resend`: every export is sent twice, as an exporter that
-retries after a lost answer does.
+retries after a lost answer does. `--logs` (openai-v2): its default mode, message
+content sent as log events by the OTLP/HTTP log exporter to /v1/logs (without
+it: the GenAI conventions' latest mode, content on the spans).
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import openai
+from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -169,6 +174,7 @@ def main() -> None:
     parser.add_argument("token")
     parser.add_argument("--first-streams", action="store_true")
     parser.add_argument("--resend", action="store_true")
+    parser.add_argument("--logs", action="store_true")
     args = parser.parse_args()
 
     exporter: SpanExporter = OTLPSpanExporter(
@@ -185,18 +191,34 @@ def main() -> None:
     # process, and openai-v2 reads its settings from the environment set above.
     if args.library == "openinference":
         from openinference.instrumentation.openai import OpenAIInstrumentor
+    elif args.logs:
+        # Its default: content as log events (gen_ai.user.message, gen_ai.choice).
+        os.environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "true"
+        from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
     else:
-        # The GenAI conventions' latest shape, message content on the spans
-        # (by default openai-v2 sends content as log events only).
+        # The GenAI conventions' latest shape, message content on the spans.
         os.environ["OTEL_SEMCONV_STABILITY_OPT_IN"] = "gen_ai_latest_experimental"
         os.environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "SPAN_ONLY"
         from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
-    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    logs = LoggerProvider(resource=provider.resource)
+    logs.add_log_record_processor(
+        BatchLogRecordProcessor(
+            OTLPLogExporter(
+                endpoint=f"{args.otlp_url}/v1/logs",
+                headers={"Authorization": f"Bearer {args.token}"},
+            )
+        )
+    )
+    if args.library == "openinference":
+        OpenAIInstrumentor().instrument(tracer_provider=provider)
+    else:
+        OpenAIInstrumentor().instrument(tracer_provider=provider, logger_provider=logs)
     client = openai.OpenAI(base_url=args.model_url, api_key="sk-not-a-real-key")
     trace_id = run_agent(
         args.library, client, provider.get_tracer("support"), args.first_streams
     )
     provider.shutdown()  # flushes: the trace goes out before the process ends
+    logs.shutdown()  # then its log events (they may come before or after)
     print(f"{trace_id:032x}")
 
 

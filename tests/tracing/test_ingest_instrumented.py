@@ -1,7 +1,8 @@
 """Real traces of a team's own agent, as the two instrumentation libraries send
 them: the real OpenAI SDK against a local Chat Completions server, patched by
 `openinference-instrumentation-openai` or `opentelemetry-instrumentation-openai-v2`,
-exported by the official OTLP/HTTP exporter to a live Daphne. What the API then
+exported by the official OTLP/HTTP exporters (spans, and openai-v2's log events)
+to a live Daphne. What the API then
 shows: the run of the trace, its steps, tool calls and tokens, and each model
 call's request and response models, finish reason and messages."""
 
@@ -95,22 +96,21 @@ def spans_of(server: DaphneServer, secret: str, run_id: str) -> list[dict[str, A
 
 
 @pytest.mark.parametrize(
-    ("library", "first_streams"),
+    ("library", "flags"),
     [
-        ("openinference", False),
-        ("openinference", True),
-        ("openai-v2", False),
-        ("openai-v2", True),
+        ("openinference", []),
+        ("openinference", ["--first-streams"]),
+        ("openai-v2", []),
+        ("openai-v2", ["--first-streams"]),
     ],
 )
 def test_an_instrumented_agents_trace_shows_models_finish_reasons_and_counts(
     library: str,
-    first_streams: bool,
+    flags: list[str],
     server: DaphneServer,
     model: ChatCompletionsServer,
     secret: str,
 ) -> None:
-    flags = ["--first-streams"] if first_streams else []
     trace_id = run_agent(library, model, server, secret, *flags)
 
     listed = get(server, secret, f"/api/v1/runs/?trace_id={trace_id}")
@@ -168,6 +168,39 @@ def test_an_instrumented_agents_trace_shows_models_finish_reasons_and_counts(
     ]
     assert [t["attributes"]["gen_ai.tool.name"] for t in tools] == ["lookup_order"]
     assert "shipped" in str(tools[0]["payload_bodies"]["gen_ai.tool.call.result"])
+
+
+@pytest.mark.parametrize("flags", [[], ["--first-streams"]])
+def test_openai_v2_message_content_sent_as_log_events_joins_its_spans(
+    flags: list[str],
+    server: DaphneServer,
+    model: ChatCompletionsServer,
+    secret: str,
+) -> None:
+    """openai-v2's default: content as log events to /v1/logs, not on the span."""
+    trace_id = run_agent("openai-v2", model, server, secret, "--logs", *flags)
+    run = get(server, secret, f"/api/v1/traces/{trace_id}/")
+    assert (run["steps"], run["tool_calls"]) == (2, 1)
+    assert (run["input_tokens"], run["output_tokens"]) == (108, 21)
+    spans = spans_of(server, secret, run["id"])
+    chats = sorted(
+        (s for s in spans if s["attributes"].get("gen_ai.operation.name") == "chat"),
+        key=lambda s: s["started_at"],
+    )
+    assert [c["attributes"]["gen_ai.response.model"] for c in chats] == [ANSWERED] * 2
+    assert [c["attributes"]["gen_ai.request.model"] for c in chats] == [REQUESTED] * 2
+    # The streamed call's span names no finish reason: its gen_ai.choice event does.
+    assert [c["attributes"]["gen_ai.response.finish_reasons"] for c in chats] == [
+        ["tool_calls"],
+        ["stop"],
+    ]
+    first, second = (c["payload_bodies"] for c in chats)
+    assert "Where is order 4821?" in str(first["gen_ai.input.messages"])
+    called = first["gen_ai.output.messages"][0]
+    assert called["finish_reason"] == "tool_calls"
+    assert "lookup_order" in str(called) and "call_7" in str(called)
+    assert "shipped" in str(second["gen_ai.input.messages"])
+    assert "arrives tomorrow" in str(second["gen_ai.output.messages"])
 
 
 def test_a_resent_trace_counts_once_and_other_tenants_cannot_find_it(
