@@ -332,11 +332,11 @@ def test_start_form_shows_the_servers_messages_and_the_list_filters(
     rows = page.locator("#runs-body tr[data-run]")
     expect(rows).to_have_count(1)
     expect(page.locator("#start-agent-error")).to_have_text("")
-    page.get_by_label("Search").fill("no such words")
+    page.locator("#filters").get_by_label("Search").fill("no such words")
     expect(rows).to_have_count(0)
-    page.get_by_label("Search").fill("hello")
+    page.locator("#filters").get_by_label("Search").fill("hello")
     expect(rows).to_have_count(1)
-    page.get_by_label("Status").select_option("succeeded")
+    page.locator("#filters").get_by_label("Status").select_option("succeeded")
     expect(rows).to_have_count(0)
 
 
