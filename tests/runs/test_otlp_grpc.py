@@ -5,12 +5,17 @@ client that never finishes sending are refused with nothing stored."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
+from django.conf import settings as django_settings
 from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
     OTLPLogExporter as GrpcLogExporter,
 )
@@ -26,6 +31,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from controlplane.embedded_redis import free_local_port
 from controlplane.services import api_token_issue
 from runs.models import Run
 from runs.otlp.grpc_server import (
@@ -34,6 +40,7 @@ from runs.otlp.grpc_server import (
     OtlpGrpcServer,
     otlp_grpc_server,
 )
+from tests.conftest import BASE_DIR, database_url_for_subprocess, wait_for
 from tracing.models import RunEvent, Span, SpanLogMessage
 from tracing.selectors import span_payloads
 
@@ -350,3 +357,50 @@ def test_too_many_spans_is_invalid_argument_naming_the_limit(
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "OTLP_INGEST_MAX_SPANS=1" in refused.value.details()
     assert nothing_stored()
+
+
+def test_the_command_serves_until_sigterm_and_stops_cleanly(
+    secret: str, tenant: Any, tmp_path: Any
+) -> None:
+    """`manage.py otlp_grpc` (what make run and compose start) takes an export
+    from the official exporter, then stops on SIGTERM with exit status 0."""
+    port = free_local_port()
+    environ = dict(os.environ)
+    environ.update(
+        DATABASE_URL=database_url_for_subprocess(),
+        REDIS_URL=django_settings.REDIS_URL,
+        PYTHONUNBUFFERED="1",
+    )
+    log = tmp_path / "otlp.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "otlp_grpc", "--port", str(port)],
+            cwd=BASE_DIR, env=environ, stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_for(
+            lambda: "listening on" in log.read_text() or process.poll() is not None,
+            timeout=120,
+            what="the receiver to listen",
+        )
+        assert process.poll() is None, log.read_text()
+        assert f"OTLP/gRPC receiver listening on 127.0.0.1:{port}" in log.read_text()
+        provider = TracerProvider(resource=Resource.create({"service.name": "cli"}))
+        provider.add_span_processor(
+            SimpleSpanProcessor(
+                GrpcSpanExporter(
+                    endpoint=f"127.0.0.1:{port}", insecure=True, headers=auth(secret)
+                )
+            )
+        )
+        with provider.get_tracer("cli").start_as_current_span("hello"):
+            pass
+        provider.shutdown()
+        assert Run.objects.get(tenant=tenant).agent.slug == "external-cli"
+        # Still serving a moment later (it does not stop by itself).
+        assert process.poll() is None, log.read_text()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+    assert code == 0, log.read_text()
+    assert "OTLP/gRPC receiver stopped." in log.read_text()

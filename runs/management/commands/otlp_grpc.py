@@ -46,7 +46,8 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         while not stopping:
-            if server.server.wait_for_termination(timeout=0.5):
+            # True: the wait timed out (still serving); False: it terminated.
+            if not server.server.wait_for_termination(timeout=0.5):
                 break
         # Calls in progress get the deadline to finish.
         server.stop(grace=settings.OTLP_GRPC_DEADLINE_SECONDS)
