@@ -14,9 +14,9 @@ import datetime as dt
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, FloatField, QuerySet, Sum
+from django.db.models import Count, F, FloatField, QuerySet, Sum
 from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, Coalesce, Trunc
+from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
@@ -31,6 +31,7 @@ from budgets.selectors import budget_of
 from controlplane.models import Tenant
 from runs.models import Run
 from runs.selectors import tenant_budget_usage
+from runs.time_buckets import BucketKey, bucket_key
 
 # A day's burn is drawn per hour, a month's per day.
 STEP = {"day": "hour", "month": "day"}
@@ -72,10 +73,10 @@ def _amount(name: str) -> Any:
 
 def _spend_per_bucket(
     tenant: Tenant, budget: Budget | None, start: dt.datetime, step: str
-) -> dict[dt.datetime, dict[str, float]]:
+) -> dict[str, dict[str, float]]:
     """Use per bucket since `start`: the settled ledger with a budget (where
     the counters' use comes from), the runs' own counters without one."""
-    bucket = Trunc("created_at", step, tzinfo=dt.UTC)
+    bucket = BucketKey(F("created_at"), step)
     rows: QuerySet[Any]
     if budget is not None:
         rows = (
@@ -160,7 +161,7 @@ def burn_down_for(*, tenant: Tenant, now: dt.datetime | None = None) -> dict[str
             running = 0.0
             cumulative = []
             for edge in edges:
-                running += spent.get(edge, {}).get(name, 0.0)
+                running += spent.get(bucket_key(edge, step), {}).get(name, 0.0)
                 cumulative.append(running)
             used = float(Decimal(usage[period][name]["used"]))
             reserved = float(Decimal(usage[period][name]["reserved"]))

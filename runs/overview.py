@@ -16,8 +16,6 @@ from typing import Any
 
 from django.db.models import (
     Count,
-    DurationField,
-    ExpressionWrapper,
     F,
     FloatField,
     OuterRef,
@@ -28,7 +26,7 @@ from django.db.models import (
     Window,
 )
 from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, Coalesce, RowNumber, Trunc
+from django.db.models.functions import Cast, Coalesce, RowNumber
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
@@ -36,6 +34,7 @@ from budgets.models import BudgetLedgerEntry
 from controlplane.models import Tenant
 from runs.budget_burn import bucket_edges, burn_down_for
 from runs.models import Run, ToolCall
+from runs.time_buckets import BucketKey, SecondsBetween, bucket_key
 
 MAX_RANGE = dt.timedelta(days=93)
 # The finest step a range may ask for: hourly buckets up to a month.
@@ -89,16 +88,20 @@ def overview_window(
     return OverviewWindow(start=start, end=end, step=step)
 
 
-def _bucket(field: str, step: str) -> Trunc:
-    return Trunc(field, step, tzinfo=dt.UTC)
+def _bucket(field: str, step: str) -> BucketKey:
+    return BucketKey(F(field), step)
+
+
+def _index(edges: list[dt.datetime], step: str) -> dict[str, int]:
+    return {bucket_key(edge, step): i for i, edge in enumerate(edges)}
 
 
 def _percentile_rows(
     rows: QuerySet[Any], value: Any, partition: Any | None
-) -> dict[Any, dict[int, dt.timedelta]]:
+) -> dict[Any, dict[int, float]]:
     """The nearest-rank percentiles of `value` per `partition` (None: over all
     rows), found by the database: rank the rows, keep the ranks that are a
-    percentile of their partition's count."""
+    percentile of their partition's count. Key 0 holds that count."""
     by = [partition] if partition is not None else None
     ranked = rows.annotate(
         v=value,
@@ -109,26 +112,27 @@ def _percentile_rows(
     wanted = Q()
     for pct in PERCENTILES:
         wanted |= Q(rank__gte=pct * F("n") / 100.0, rank__lt=pct * F("n") / 100.0 + 1)
-    found: dict[Any, dict[int, dt.timedelta]] = {}
+    found: dict[Any, dict[int, float]] = {}
     for key, rank, n, measured in ranked.filter(wanted).values_list(
         "p", "rank", "n", "v"
     ):
+        found.setdefault(key if partition is not None else None, {})[0] = n
         for pct in PERCENTILES:
             if rank * 100 >= pct * n and (rank - 1) * 100 < pct * n:
                 found.setdefault(key if partition is not None else None, {})[pct] = (
-                    measured
+                    float(measured)
                 )
     return found
 
 
-def _ms(value: dt.timedelta | None) -> int | None:
-    return None if value is None else round(value.total_seconds() * 1000)
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1000)
 
 
 def _runs_part(
     runs: QuerySet[Run], window: OverviewWindow, edges: list[dt.datetime]
 ) -> dict[str, Any]:
-    index = {edge: i for i, edge in enumerate(edges)}
+    index = _index(edges, window.step)
     by_status = {status: [0] * len(edges) for status in Run.Status.values}
     counted = (
         runs.annotate(at=_bucket("created_at", window.step))
@@ -147,17 +151,16 @@ def _duration_part(
     runs: QuerySet[Run], window: OverviewWindow, edges: list[dt.datetime]
 ) -> dict[str, Any]:
     ended = runs.filter(started_at__isnull=False, finished_at__isnull=False)
-    duration = ExpressionWrapper(
-        F("finished_at") - F("started_at"), output_field=DurationField()
-    )
+    duration = SecondsBetween(F("started_at"), F("finished_at"))
     overall = _percentile_rows(ended, duration, None).get(None, {})
     per_bucket = _percentile_rows(ended, duration, _bucket("created_at", window.step))
+    keys = list(_index(edges, window.step))
     return {
-        "count": ended.count(),
+        "count": int(overall.get(0, 0)),
         "p50_ms": _ms(overall.get(50)),
         "p95_ms": _ms(overall.get(95)),
-        "p50_ms_series": [_ms(per_bucket.get(edge, {}).get(50)) for edge in edges],
-        "p95_ms_series": [_ms(per_bucket.get(edge, {}).get(95)) for edge in edges],
+        "p50_ms_series": [_ms(per_bucket.get(key, {}).get(50)) for key in keys],
+        "p95_ms_series": [_ms(per_bucket.get(key, {}).get(95)) for key in keys],
     }
 
 
@@ -172,11 +175,9 @@ def _approvals_part(
         decided_at__gte=window.start,
         decided_at__lt=window.end,
     )
-    wait = ExpressionWrapper(
-        F("decided_at") - F("requested_at"), output_field=DurationField()
-    )
+    wait = SecondsBetween(F("requested_at"), F("decided_at"))
     median = _percentile_rows(decided, wait, None).get(None, {}).get(50)
-    index = {edge: i for i, edge in enumerate(edges)}
+    index = _index(edges, window.step)
     requested = [0] * len(edges)
     for at, n in (
         requests.filter(requested_at__gte=window.start, requested_at__lt=window.end)
