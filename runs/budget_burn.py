@@ -194,9 +194,8 @@ def ledger_recent_for(
     *, tenant: Tenant, limit: int = RECENT_LIMIT
 ) -> list[dict[str, Any]]:
     """The tenant's latest reservations, newest first, with how each ended."""
-    entries = BudgetLedgerEntry.objects.filter(tenant=tenant).order_by("-created_at")[
-        :limit
-    ]
+    latest = BudgetLedgerEntry.objects.filter(tenant=tenant)
+    entries = latest.order_by("-created_at")[:limit]
     return [
         {
             "id": str(entry.id),

@@ -134,7 +134,7 @@ def test_budget_page_shows_burn_down_reservations_and_extensions(
     )
     ledger = page.get_by_test_id("ledger-table").locator("tbody tr")
     expect(ledger).to_have_count(4)
-    expect(ledger.first).to_contain_text("open")
+    expect(ledger.filter(has_text="open")).to_have_count(1)
     expect(page.get_by_test_id("ledger-table")).to_contain_text("tool call")
     expect(page.get_by_test_id("ledger-table")).to_contain_text("$0.75")
     expect(page.get_by_test_id("extension-outcomes")).to_have_text(
