@@ -2,9 +2,9 @@
 them: the real OpenAI SDK against a local Chat Completions server, patched by
 `openinference-instrumentation-openai` or `opentelemetry-instrumentation-openai-v2`,
 exported by the official OTLP/HTTP exporters (spans, and openai-v2's log events)
-to a live Daphne. What the API then
-shows: the run of the trace, its steps, tool calls and tokens, and each model
-call's request and response models, finish reason and messages."""
+to a live Daphne. What the API then shows: the run of the trace, its steps, tool
+calls and tokens, and each model call's request and response models, finish
+reason and messages."""
 
 from __future__ import annotations
 
