@@ -27,7 +27,12 @@ from controlplane.api_input import (
 )
 from controlplane.api_schema import ErrorDetailSerializer
 from controlplane.permissions import Action, Gate
-from controlplane.redaction import ArgsDigestField, RedactedCharField, RedactedJSONField
+from controlplane.redaction import (
+    ArgsDigestField,
+    RedactedCharField,
+    RedactedJSONField,
+    redact_text,
+)
 from controlplane.tenancy import tenant_of
 
 
@@ -37,6 +42,13 @@ class DecisionSerializer(serializers.Serializer[Any]):
     reason = RedactedCharField()
     args_sha256 = ArgsDigestField()
     created_at = serializers.DateTimeField()
+
+
+CONTEXT_CHARS = 2000  # the inbox shows context, the run page the whole text
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= CONTEXT_CHARS else text[: CONTEXT_CHARS - 1] + "…"
 
 
 class ApprovalSerializer(serializers.Serializer[Any]):
@@ -49,6 +61,11 @@ class ApprovalSerializer(serializers.Serializer[Any]):
     extension = RedactedJSONField(allow_null=True)
     run = serializers.UUIDField(source="run_id")
     run_status = serializers.CharField(source="run.status")
+    # Context for the person deciding: which agent, what the run was asked, and
+    # what the model said when it made the call (redacted, bounded).
+    agent = serializers.CharField(source="run.agent.slug")
+    run_input = serializers.SerializerMethodField()
+    last_model_message = serializers.SerializerMethodField()
     # The call's id on the trace: the model's call id, or an external call's
     # request id (the approval span carries it as gen_ai.tool.call.id).
     tool_call_id = serializers.SerializerMethodField()
@@ -82,6 +99,17 @@ class ApprovalSerializer(serializers.Serializer[Any]):
     def get_tool_call_id(self, approval: ApprovalRequest) -> str | None:
         return services.call_id_of(approval)
 
+    def get_run_input(self, approval: ApprovalRequest) -> str:
+        return redact_text(_bounded(approval.run.input))
+
+    def get_last_model_message(self, approval: ApprovalRequest) -> str | None:
+        """The text of the model reply that asked for the call; None when the
+        call came with no text, or the request is not about one call."""
+        call = approval.tool_call
+        reply = call.step.reply if call is not None else None
+        text = reply.get("text") if isinstance(reply, dict) else None
+        return redact_text(_bounded(text)) if isinstance(text, str) and text else None
+
     def get_summary(self, approval: ApprovalRequest) -> str:
         if approval.extension is not None:
             return services.extension_summary(approval.extension)
@@ -106,7 +134,13 @@ class ApprovalListApi(APIView):
 
     class ApprovalListQuerySerializer(serializers.Serializer[Any]):
         status = serializers.ChoiceField(
-            choices=ApprovalRequest.Status.values, required=False, allow_blank=True
+            choices=[*ApprovalRequest.Status.values, selectors.DECIDED],
+            required=False,
+            allow_blank=True,
+            help_text="`decided`: every request no longer pending, last decided first",
+        )
+        decided_by = serializers.CharField(
+            required=False, max_length=150, help_text="the decider's username"
         )
         run = serializers.UUIDField(required=False, help_text="a run's id")
 
@@ -121,6 +155,7 @@ class ApprovalListApi(APIView):
             tenant=context.tenant,
             status=wanted.get("status"),
             run_id=wanted.get("run"),
+            decided_by=wanted.get("decided_by"),
         ).prefetch_related("decisions__user")
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(approvals, request, view=self)

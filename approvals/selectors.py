@@ -5,10 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 
 from approvals.models import ApprovalPolicyRule, ApprovalRequest
 from controlplane.models import Tenant
+
+# A pseudo-status of the list: every request that is no longer pending.
+DECIDED = "decided"
 
 
 def approval_list_for(
@@ -16,15 +19,28 @@ def approval_list_for(
     tenant: Tenant,
     status: str | None = None,
     run_id: str | uuid.UUID | None = None,
+    decided_by: str | None = None,
 ) -> QuerySet[ApprovalRequest]:
+    """The tenant's requests, newest first; `decided` ones last decided first."""
     approvals = ApprovalRequest.objects.filter(tenant=tenant)
-    if status:
+    if status == DECIDED:
+        approvals = approvals.exclude(status=ApprovalRequest.Status.PENDING)
+    elif status:
         approvals = approvals.filter(status=status)
     if run_id:
         approvals = approvals.filter(run_id=run_id)
+    if decided_by:
+        approvals = approvals.filter(decided_by__username=decided_by)
+    newest = F("requested_at").desc()
+    order = (
+        [F("decided_at").desc(nulls_last=True), newest]
+        if status == DECIDED
+        else [newest]
+    )
     return approvals.select_related(
-        "run", "tool_call", "decided_by", "args_edited_by"
-    ).order_by("-requested_at")
+        "run", "run__agent", "tool_call", "tool_call__step", "decided_by",
+        "args_edited_by",
+    ).order_by(*order)  # fmt: skip
 
 
 def approval_rules_for(*, tenant: Tenant) -> QuerySet[ApprovalPolicyRule]:

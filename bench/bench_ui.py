@@ -186,7 +186,7 @@ SEARCH = """async (q) => {
     ? done() : requestAnimationFrame(check); check(); });
   await new Promise((done) => requestAnimationFrame(() => setTimeout(done, 0)));
   return {ms: performance.now() - began, status: status.textContent,
-    hit: document.querySelector('.trow.hit-current')?.getAttribute('aria-label')};
+    hit: document.querySelector('.trow.hit-current .label')?.textContent};
 }"""
 # Rare (one span, by an attribute's value), common (one per step, by name), status.
 QUERIES = ["call_137_5", "call_42_17", "lookup_order #97", "lookup_order #3", "error"]

@@ -34,6 +34,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from controlplane import views
 from controlplane.api_input import max_body_bytes
 
 logger = logging.getLogger(__name__)
@@ -199,11 +200,10 @@ class ApiErrorMiddleware(MiddlewareMixin):
 def page_not_found(
     request: HttpRequest, exception: Exception | None = None
 ) -> HttpResponse:
-    """handler404: JSON on the API and OTLP paths, Django's page elsewhere."""
+    """handler404: JSON on the API and OTLP paths, the product's page elsewhere."""
     if is_json_path(request.path_info):
         return _json_error(404, "not_found", "Not found.")
-    view: Callable[..., HttpResponse] = defaults.page_not_found
-    return view(request, exception)
+    return views.page_not_found(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from controlplane import selectors as tenancy_selectors
@@ -62,6 +63,15 @@ def _page(
         **(extra or {}),
     }
     return render(request, template, values, status=status)
+
+
+def _not_found(
+    request: HttpRequest, context: TenantContext, page: str, title: str, missing: str
+) -> HttpResponse:
+    """The product's 404 page (also under DEBUG, where Django would show its
+    own): what is missing, in this tenant, and the ways back."""
+    extra = {"missing_title": title, "missing": missing}
+    return _page(request, "404.html", context, page, extra, status=404)
 
 
 def page_gate(action: Action, page: str) -> Callable[[PageBody], PageBody]:
@@ -116,15 +126,23 @@ def run_page(request: HttpRequest, context: TenantContext, run_id: str) -> HttpR
     """One run: its trace tree, span details, approvals, budget burn."""
     run = run_selectors.run_get_for(tenant=context.tenant, run_id=run_id)
     if run is None:
-        raise Http404("No such run in this tenant.")
+        return _not_found(
+            request,
+            context,
+            "runs",
+            "Run not found",
+            f"There is no run {run_id[:40]} in {context.tenant.name}. The link "
+            "may be mistyped, or the run belongs to another tenant.",
+        )
     extra = {"run_id": str(run.id), "run": run}
     return _page(request, "frontend/run.html", context, "runs", extra)
 
 
 @page_gate(Action.PAGE_READ, "approvals")
 def approvals_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
-    """Every pending approval of the tenant, oldest first."""
-    return _page(request, "frontend/approvals.html", context, "approvals")
+    """Every pending approval of the tenant, oldest first; and those decided."""
+    extra = {"undo_seconds": settings.APPROVAL_UNDO_SECONDS}
+    return _page(request, "frontend/approvals.html", context, "approvals", extra)
 
 
 @page_gate(Action.PAGE_READ, "budget")
@@ -216,7 +234,14 @@ def agent_page(
     and, for admins, the edit form and disable and delete."""
     agent = run_selectors.agent_get_for(tenant=context.tenant, agent_id=agent_id)
     if agent is None or agent.current_version is None:
-        raise Http404("No such agent in this tenant.")
+        return _not_found(
+            request,
+            context,
+            "agents",
+            "Agent not found",
+            f"There is no agent {agent_id[:40]} in {context.tenant.name}. It may "
+            "have been deleted, or the link is mistyped.",
+        )
     versions = list(run_selectors.agent_versions_for(agent=agent))
     extra = {
         "agent": agent,

@@ -199,6 +199,12 @@ APPROVAL_DEFAULT_TTL_SECONDS = env.integer(
     minimum=1,
     help="How long an approval request waits before it expires.",
 )
+APPROVAL_UNDO_SECONDS = env.integer(
+    "APPROVAL_UNDO_SECONDS",
+    5,
+    minimum=1,
+    help="How long the inbox holds a one-key decision (with Undo) before it sends it.",
+)
 APPROVAL_EXPIRE_INTERVAL_SECONDS = env.number(
     "APPROVAL_EXPIRE_INTERVAL_SECONDS",
     30.0,

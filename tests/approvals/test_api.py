@@ -247,3 +247,53 @@ def test_audit_log_is_for_tenant_admins_and_scoped_to_the_tenant(
         == 0
     )
     assert ApprovalRequest.objects.get().status == "approved"
+
+
+def test_the_inbox_context_and_the_decided_list_with_decider_and_reason(
+    waiting_run, operator_user, admin_user, viewer_user, api_client_for, tenant
+):
+    said = {"text": "Refunding order 4821, as the customer asked.",
+            "tool_calls": [call("refund", REFUND_ARGS)]}  # fmt: skip
+    run, approval = waiting_run([said, {"text": "Done."}])
+    client = api_client_for(viewer_user, tenant)
+    item = client.get("/api/v1/approvals/?status=pending").json()["results"][0]
+    assert item["agent"] == "scripted" and item["run_input"] == "help"
+    assert item["last_model_message"] == "Refunding order 4821, as the customer asked."
+    assert client.get("/api/v1/approvals/?status=decided").json()["count"] == 0
+    response = api_client_for(admin_user, tenant).post(
+        url(approval, "decide/"),
+        {"decision": "deny", "reason": "refunds go through finance"},
+        format="json",
+    )
+    assert response.status_code == 200
+    decided = client.get("/api/v1/approvals/?status=decided").json()
+    assert decided["count"] == 1
+    row = decided["results"][0]
+    assert row["status"] == "denied" and row["decided_by"] == admin_user.username
+    assert row["reason"] == "refunds go through finance" and row["decided_at"]
+    assert row["decisions"][0]["user"] == admin_user.username
+    by_admin = f"/api/v1/approvals/?status=decided&decided_by={admin_user.username}"
+    assert client.get(by_admin).json()["count"] == 1
+    by_other = f"/api/v1/approvals/?status=decided&decided_by={operator_user.username}"
+    assert client.get(by_other).json()["count"] == 0
+    bad = client.get("/api/v1/approvals/?status=sort-of")
+    assert bad.status_code == 400 and "status" in bad.json()["error"]["fields"]
+
+
+def test_the_not_found_page_is_the_products_own(client, operator_user, tenant):
+    anonymous = client.get("/no-such-page/")
+    assert anonymous.status_code == 404
+    assert b"Page not found" in anonymous.content
+    assert (
+        b"frontend/app.css" in anonymous.content
+        and b'href="/login/"' in anonymous.content
+    )
+    client.force_login(operator_user)
+    page = client.get("/no-such-page/")
+    assert page.status_code == 404
+    assert b"Nothing lives at <code>/no-such-page/</code>" in page.content
+    assert (
+        b"Back to the runs list" in page.content
+        and b'aria-label="Main"' in page.content
+    )
+    assert client.get("/api/v1/nothing-here/").json()["error"]["code"] == "not_found"

@@ -56,8 +56,10 @@ def test_a_finished_demo_run_shows_each_spans_output_tokens_and_tool_result(
     run = finished(run)
     # Each step's span is named for the step it works on (the API's indexes).
     expect(rows(page, r"^step ")).to_have_count(5, timeout=20_000)
-    names = [rows(page, r"^step ").nth(i).get_attribute("aria-label") for i in range(5)]
-    assert [n.split(",")[0] for n in names if n] == [
+    names = [
+        rows(page, r"^step ").nth(i).locator(".label").inner_text() for i in range(5)
+    ]
+    assert names == [
         "step 0", "step 1", "step 1 (resumed)", "step 2", "step 3",
     ]  # fmt: skip
 
@@ -132,13 +134,19 @@ def test_decisions_show_on_the_node_and_in_the_header(
     page.get_by_label("Scope").select_option("run")
     page.get_by_label("Reason for approving").fill("photos show the dent")
     page.get_by_role("button", name="Approve create_replacement (panel)").click()
+    # An edit is shown as a diff and sent only once confirmed.
+    diff = page.get_by_test_id("args-diff")
+    expect(diff).to_contain_text("− ")
+    expect(diff).to_contain_text('+   "reason": "dented spout, photo checked"')
+    assert ApprovalRequest.objects.get(run=run).status == "pending"
+    page.get_by_role("button", name="Confirm approval").click()
     expect(page.locator("#run-status")).to_contain_text("succeeded", timeout=30_000)
     approval = ApprovalRequest.objects.get(run=run)
     assert approval.status == "approved" and approval.args_snapshot == after
     assert approval.original_args == before and approval.scope == "run"
 
     node = rows(page, r"^approval create_replacement")
-    expect(node).to_have_attribute("aria-label", re.compile("approved"))
+    expect(node).to_have_accessible_name(re.compile("approved"))
     inline = node.get_by_test_id("decision-inline")
     for text in ("approved by oscar-operator", "scope run", "photos show the dent",
                  "arguments edited by oscar-operator"):  # fmt: skip
@@ -205,7 +213,7 @@ def test_an_unverified_run_reads_as_unverified_not_as_an_error(
         "evaluation unverified: the agent has no evaluator"
     )
     root = rows(page, r"^invoke_agent")
-    expect(root).to_have_attribute("aria-label", re.compile(r", unverified$"))
+    expect(root).to_have_accessible_name(re.compile(r"^invoke_agent.*, unverified,"))
     expect(root.locator(".sicon")).to_have_class(re.compile("s-unverified"))
     root.click()
     expect(page.get_by_test_id("span-verdict")).to_contain_text("unverified")

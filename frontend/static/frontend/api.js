@@ -16,7 +16,9 @@ function csrfToken() {
   return match ? decodeURIComponent(match[1]) : "";
 }
 
-export async function api(path, { method = "GET", body, signal } = {}) {
+// redirectOn401: false lets the caller say what happened first (a decision
+// whose session expired offers "log in again" and a way back to it).
+export async function api(path, { method = "GET", body, signal, redirectOn401 = true } = {}) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
@@ -33,8 +35,8 @@ export async function api(path, { method = "GET", body, signal } = {}) {
   if (text) {
     try { data = JSON.parse(text); } catch { data = { error: { message: text.slice(0, 200) } }; }
   }
-  if (response.status === 401) {
-    window.location.assign(`/login/?next=${encodeURIComponent(location.pathname)}`);
+  if (response.status === 401 && redirectOn401) {
+    window.location.assign(`/login/?next=${encodeURIComponent(location.pathname + location.search + location.hash)}`);
   }
   if (!response.ok) throw new ApiError(response.status, data);
   return data;

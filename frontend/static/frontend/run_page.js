@@ -2,6 +2,8 @@
 // approval controls on the pending call's node.
 
 import { api, ApiError, rowsOf } from "./api.js";
+import { decisionFailure, postDecision, sessionExpired, showMessage } from "./decisions.js";
+import { approvalForm, forgetDraft, renderDecisionBar } from "./decision_panel.js";
 import { approvalDetails, approvalLabel, decisionSummary, duration, el, money, pretty, since, statusBadge, stopReasonLabel, timeLeft, tokens, TERMINAL_RUN, when } from "./format.js";
 import { Stream, throttle } from "./stream.js";
 import { TraceModel } from "./trace_model.js";
@@ -148,6 +150,12 @@ function renderBanner() {
   const over = runOver();
   const pending = over ? [] : [...approvals.values()].filter((a) => a.status === "pending");
   banner.hidden = !pending.length;
+  renderDecisionBar(pending, {
+    canDecide,
+    approve: (approval, extra, button) => decide(approval.id, "approve", button, extra),
+    deny: (approval, button) => decide(approval.id, "deny", button),
+    review: (approval) => reviewApproval(approval),
+  });
   banner.replaceChildren(...pending.map((approval) => {
     const node = approvalNode(approval);
     const item = el("div", { class: "approval-card", "data-approval": approval.id },
@@ -169,10 +177,20 @@ function renderBanner() {
 }
 
 function flash(message, kind = "error") {
-  const box = document.getElementById("run-error");
-  box.hidden = !message;
-  box.className = kind;
-  box.textContent = message || "";
+  showMessage(document.getElementById("run-error"), typeof message === "string" ? { text: message } : message, kind);
+}
+
+// The bar's "Review" (and its Approve of an edited draft): select the call's
+// node so the panel, with its form and diff, is in view.
+function reviewApproval(approval) {
+  const node = approvalNode(approval);
+  if (node) view.select(node.id);
+  document.getElementById("detail").scrollIntoView({ block: "start" });
+}
+
+// Where a person who must log in again comes back to: this decision.
+function returnTo(approval) {
+  return `/runs/${runId}/${approval.tool_call_id ? `#call=${encodeURIComponent(approval.tool_call_id)}` : ""}`;
 }
 
 // `extra`: what the panel's form adds to an approval (reason, scope, edited args).
@@ -189,20 +207,20 @@ async function decide(approvalId, verb, button, extra = {}) {
   if (verb === "approve" && extra.args !== undefined) body.args = extra.args;
   if (button) button.disabled = true;
   try {
-    const decided = await api(`/api/v1/approvals/${approvalId}/decide/`, { method: "POST", body });
+    const decided = await postDecision(approval, body);
     approvals.set(decided.id, decided);
-    flash(`${verb === "approve" ? "Approved" : "Denied"} ${approvalLabel(decided)}.`, "notice");
+    forgetDraft(decided.id);
+    flash(`${verb === "approve" ? `Approved${body.scope === "run" ? " for the whole run" : ""}` : "Denied"} ${approvalLabel(decided)}.`, "notice");
   } catch (error) {
-    if (error instanceof ApiError && error.status === 409) {
-      const current = error.body?.error?.approval;
-      if (current) approvals.set(current.id, current);
-      flash(`Already decided: ${current ? `${current.status}${current.decided_by ? ` by ${current.decided_by}` : ""}` : error.message}.`);
-    } else if (error instanceof ApiError && error.status === 400 && extra.onFieldErrors) {
+    if (error instanceof ApiError && error.status === 400 && extra.onFieldErrors) {
       extra.onFieldErrors(error);
     } else {
-      flash(`The decision failed: ${error.message}`);
+      const failure = decisionFailure(error, approval, returnTo(approval));
+      if (failure.current) approvals.set(failure.current.id, failure.current);
+      flash(failure);
     }
-    await loadApprovals();
+    // Logged out: every read would fail too; keep the page as it is.
+    if (!sessionExpired(error)) await loadApprovals();
   } finally {
     if (button) button.disabled = false;
   }
@@ -404,56 +422,6 @@ function selectSpan(node, { refetch = true } = {}) {
   }, 120);
 }
 
-// Approve from the panel: the arguments (editable JSON), the scope and a reason.
-// Invalid JSON is refused next to the field and nothing is sent.
-// What was typed in an approval's form survives the panel being drawn again
-// (a span event, the payload fetch) until the approval is decided.
-const approvalDrafts = new Map();
-
-function approvalForm(approval) {
-  const original = JSON.stringify(approval.args ?? {}, null, 2);
-  const draft = approvalDrafts.get(approval.id) || { args: original, scope: "once", reason: "" };
-  approvalDrafts.set(approval.id, draft);
-  const args = el("textarea", { id: "approve-args", rows: "5", class: "args", "aria-describedby": "approve-args-error", oninput: () => { draft.args = args.value; } });
-  args.value = draft.args;
-  const argsError = el("p", { class: "field-error", id: "approve-args-error", role: "alert" });
-  const scope = el("select", { id: "approve-scope", onchange: () => { draft.scope = scope.value; } },
-    el("option", { value: "once", text: "once: this call only" }),
-    el("option", { value: "run", text: "run: later calls of this tool in this run" }));
-  scope.value = draft.scope;
-  const reason = el("input", { id: "approve-reason", type: "text", placeholder: "optional", oninput: () => { draft.reason = reason.value; } });
-  reason.value = draft.reason;
-  const submit = (event) => {
-    let edited;
-    argsError.textContent = "";
-    args.removeAttribute("aria-invalid");
-    if (args.value.trim() !== original.trim()) {
-      try { edited = JSON.parse(args.value); } catch (error) {
-        argsError.textContent = `Not valid JSON: ${error.message}`;
-        args.setAttribute("aria-invalid", "true");
-        args.focus();
-        return;
-      }
-    }
-    decide(approval.id, "approve", event.target, {
-      args: edited, scope: scope.value, reason: reason.value.trim(),
-      onFieldErrors: (error) => {
-        const fields = error.fields || {};
-        const text = (v) => (Array.isArray(v) ? v.join(" ") : String(v));
-        argsError.textContent = fields.args ? text(fields.args) : Object.entries(fields).map(([k, v]) => `${k}: ${text(v)}`).join(" ") || error.message;
-        args.setAttribute("aria-invalid", "true");
-      },
-    });
-  };
-  return el("div", { class: "approve-form" },
-    el("label", { for: "approve-args", text: "Arguments (edit to change what runs)" }), args, argsError,
-    el("label", { for: "approve-scope", text: "Scope" }), scope,
-    el("label", { for: "approve-reason", text: "Reason for approving" }), reason,
-    el("div", { class: "buttons" },
-      el("button", { type: "button", class: "approve", "aria-label": `Approve ${approval.tool} (panel)`, text: "✓ Approve", onclick: submit }), " ",
-      el("button", { type: "button", class: "deny", "aria-label": `Deny ${approval.tool} (panel)`, text: "✕ Deny", onclick: (e) => decide(approval.id, "deny", e.target) })));
-}
-
 function renderDetail(node, full) {
   const s = full && full.span_id ? full : node.s;
   const a = s.attributes || {};
@@ -472,7 +440,13 @@ function renderDetail(node, full) {
   if (approval) {
     const box = el("section", { class: "approval-card" }, el("h3", { text: "Waiting for approval" }),
       el("p", { text: `Rule: ${approval.rule_reason || approval.rule} · ${timeLeft(approval.expires_at)}` }));
-    if (canDecide && approval.kind === "tool_call") box.append(approvalForm(approval));
+    if (canDecide && approval.kind === "tool_call") {
+      box.append(approvalForm(approval, {
+        approve: (extra, button) => decide(approval.id, "approve", button, extra),
+        deny: (button) => decide(approval.id, "deny", button),
+        redraw: () => renderDetail(node, lastFull),
+      }));
+    }
     else {
       box.append(el("pre", { class: "args", text: approvalDetails(approval) }));
       if (canDecide) box.append(

@@ -185,6 +185,9 @@ export class TreeView {
       const text = decisionSummary(decision);
       extra = `<span class="decision-inline" data-testid="decision-inline" title="${esc(text)}">${esc(text)}</span>`;
     }
+    // No aria-label: the row's name is its content ("<name>, <status>[, errors
+    // below]," in the label, then what else the row shows), so what a person sees
+    // is part of what a screen reader says (axe's label-content-name-mismatch).
     const label = `${s.name}, ${approval ? "waiting for approval" : word}${errorsBelow ? `, ${errorsBelow === 1 ? "an error" : `${errorsBelow} errors`} below` : ""}`;
     let name = esc(s.name);
     if (hit && this.hits.needle) {
@@ -194,10 +197,10 @@ export class TreeView {
     const why = hit && hit !== "name" ? `<span class="hit-why" title="${esc(hit)}">${esc(hit)}</span>` : "";
     const below = errorsBelow ? `<span class="err-below" title="${esc(`${errorsBelow} failed span${errorsBelow === 1 ? "" : "s"} below; press e to go to the next error`)}" aria-hidden="true">▲${errorsBelow}</span>` : "";
     return `<div class="trow st-${esc(s.status)}${selected ? " selected" : ""}${focus ? " focus" : ""}${approval ? " pending" : ""}${hit ? " hit" : ""}${current ? " hit-current" : ""}${errorsBelow ? " has-error-below" : ""}" id="row-${esc(node.id)}" role="treeitem"`
-      + ` aria-level="${row.depth + 1}" aria-selected="${selected}"${leaf ? "" : ` aria-expanded="${node.expanded}"`} aria-label="${esc(label)}"`
+      + ` aria-level="${row.depth + 1}" aria-selected="${selected}"${leaf ? "" : ` aria-expanded="${node.expanded}"`}`
       + ` data-index="${index}" data-span="${esc(node.id)}" style="top:${top}px">`
       + `<span class="name" style="padding-left:${pad}px">${toggle}<span class="sicon s-${esc(approval ? "waiting_approval" : shown)}" title="${esc(approval ? "waiting for approval" : word)}" aria-hidden="true">${approval ? "‖" : icon}</span>`
-      + `<span class="label" title="${esc(s.name)}">${name}</span>${below}${why}<span class="sr-only">${esc(word)}</span>${extra}</span>`
+      + `<span class="label" title="${esc(s.name)}">${name}<span class="sr-only">, ${esc(label.slice(s.name.length + 2))},</span></span>${below}${why}${extra}</span>`
       + (approval ? "" : `<span class="num" title="${esc(tokTitle)}">${tok}</span><span class="num">${cost == null ? "" : money(cost)}</span>`
       + `<span class="num">${duration(end - start)}</span>`)
       + (approval ? "" : `<span class="bar-track" data-action="zoom" title="click to zoom the time axis to ${esc(s.name)}"><span class="bar b-${esc(s.name.startsWith("approval") ? "wait" : s.status)}" style="left:${clippedLeft.toFixed(3)}%;width:${width.toFixed(3)}%"></span>${waitBars}</span>`)
