@@ -16,6 +16,14 @@ function csrfToken() {
   return match ? decodeURIComponent(match[1]) : "";
 }
 
+// Once a page has told the person their session expired (with a "log in again"
+// link back to what they were doing), background reads must not whisk them to
+// the login page before they have read it.
+let loginRedirectHeld = false;
+export function holdLoginRedirect() {
+  loginRedirectHeld = true;
+}
+
 // redirectOn401: false lets the caller say what happened first (a decision
 // whose session expired offers "log in again" and a way back to it).
 export async function api(path, { method = "GET", body, signal, redirectOn401 = true } = {}) {
@@ -35,7 +43,7 @@ export async function api(path, { method = "GET", body, signal, redirectOn401 = 
   if (text) {
     try { data = JSON.parse(text); } catch { data = { error: { message: text.slice(0, 200) } }; }
   }
-  if (response.status === 401 && redirectOn401) {
+  if (response.status === 401 && redirectOn401 && !loginRedirectHeld) {
     window.location.assign(`/login/?next=${encodeURIComponent(location.pathname + location.search + location.hash)}`);
   }
   if (!response.ok) throw new ApiError(response.status, data);

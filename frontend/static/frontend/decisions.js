@@ -3,7 +3,7 @@
 // whom; session expired: log in again and come back to this decision), and the
 // diff of edited arguments shown before an edited approval is confirmed.
 
-import { api, ApiError } from "./api.js";
+import { api, ApiError, holdLoginRedirect } from "./api.js";
 import { approvalLabel, el, when } from "./format.js";
 
 // POST a decision. 401 is not turned into a redirect here: the page says what
@@ -24,6 +24,7 @@ export function loginToReturn(returnTo) {
 // What a failed decision tells the person: {text, link?, current?}.
 export function decisionFailure(error, approval, returnTo) {
   if (sessionExpired(error)) {
+    holdLoginRedirect();
     return {
       text: `Your session has expired, so nothing was decided on ${approvalLabel(approval)}. Log in again to decide: you will come back to this decision.`,
       link: { href: loginToReturn(returnTo), text: "Log in again" },

@@ -119,8 +119,8 @@ function decisionBox(d, testid) {
   if (d.args_before != null) {
     box.append(el("p", { class: "small", text: `Arguments edited${d.args_edited_by ? ` by ${d.args_edited_by}` : ""} before approval:` }),
       el("div", { class: "args-diff" },
-        el("div", {}, el("span", { class: "muted small", text: "Before (proposed)" }), el("pre", { class: "args", "data-testid": "args-before", text: pretty(d.args_before) })),
-        el("div", {}, el("span", { class: "muted small", text: "After (executed)" }), el("pre", { class: "args", "data-testid": "args-after", text: pretty(d.args_after) }))));
+        el("div", {}, el("span", { class: "muted small", text: "Before (proposed)" }), el("pre", { class: "args", tabindex: "0", "aria-label": "Arguments before", "data-testid": "args-before", text: pretty(d.args_before) })),
+        el("div", {}, el("span", { class: "muted small", text: "After (executed)" }), el("pre", { class: "args", tabindex: "0", "aria-label": "Arguments after", "data-testid": "args-after", text: pretty(d.args_after) }))));
   }
   return box;
 }
@@ -162,7 +162,7 @@ function renderBanner() {
       el("strong", {}, "‖ Waiting for approval: ", el("code", { text: approvalLabel(approval) })),
       el("span", { class: "rule", text: `rule: ${approval.rule_reason || approval.rule || "–"}` }),
       el("span", { class: "left", "data-expires": approval.expires_at, text: timeLeft(approval.expires_at) }),
-      el("pre", { class: "args", text: approvalDetails(approval) }),
+      el("pre", { class: "args", tabindex: "0", "aria-label": `Arguments of ${approvalLabel(approval)}`, text: approvalDetails(approval) }),
     );
     if (node) item.append(el("button", { type: "button", class: "link", text: "Show in trace", onclick: () => view.select(node.id) }));
     else if (canDecide) {
@@ -448,7 +448,7 @@ function renderDetail(node, full) {
       }));
     }
     else {
-      box.append(el("pre", { class: "args", text: approvalDetails(approval) }));
+      box.append(el("pre", { class: "args", tabindex: "0", "aria-label": `Arguments of ${approvalLabel(approval)}`, text: approvalDetails(approval) }));
       if (canDecide) box.append(
         el("button", { type: "button", class: "approve", "aria-label": `Approve ${approvalLabel(approval)} (panel)`, text: "✓ Approve", onclick: (e) => decide(approval.id, "approve", e.target) }), " ",
         el("button", { type: "button", class: "deny", "aria-label": `Deny ${approvalLabel(approval)} (panel)`, text: "✕ Deny", onclick: (e) => decide(approval.id, "deny", e.target) }));
