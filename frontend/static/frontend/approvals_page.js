@@ -26,8 +26,13 @@ const scheduled = new Map(); // approval id -> {verb, reason, timer, deadline}
 window.cpInbox = { scheduled, undoMs };
 const ENDED = new Set(["succeeded", "failed", "unverified", "budget_exhausted", "policy_blocked", "cancelled"]);
 
+// A message with a way out (log in again) stays until followed.
+let stickyMessage = false;
 function message(text, kind = "error") {
-  showMessage(document.getElementById("inbox-error"), typeof text === "string" || !text ? (text ? { text } : null) : text, kind);
+  const value = typeof text === "string" || !text ? (text ? { text } : null) : text;
+  if (stickyMessage && !value?.link) return;
+  stickyMessage = Boolean(value?.link);
+  showMessage(document.getElementById("inbox-error"), value, kind);
 }
 
 function groupKey(a) {

@@ -176,8 +176,14 @@ function renderBanner() {
   }));
 }
 
+// A message with a way out (log in again) stays until followed: the reads that
+// fail after it ("could not load…") would only hide what to do.
+let stickyMessage = false;
 function flash(message, kind = "error") {
-  showMessage(document.getElementById("run-error"), typeof message === "string" ? { text: message } : message, kind);
+  const value = typeof message === "string" ? { text: message } : message;
+  if (stickyMessage && !value?.link) return;
+  stickyMessage = Boolean(value?.link);
+  showMessage(document.getElementById("run-error"), value, kind);
 }
 
 // The bar's "Review" (and its Approve of an edited draft): select the call's
