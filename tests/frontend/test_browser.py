@@ -222,13 +222,14 @@ def test_inbox_lists_pending_oldest_first_live_and_approves_from_the_keyboard(
     page.keyboard.press("j")
     expect(items.nth(1)).to_be_focused()
     page.keyboard.press("a")
-    expect(items).to_have_count(1)
+    # Sent when the undo window (APPROVAL_UNDO_SECONDS) ends.
+    expect(items).to_have_count(1, timeout=20_000)
     assert pending_of(first).status == "pending"
     assert ApprovalRequest.objects.get(run=second).status == "approved"
     page.keyboard.press("d")
     page.get_by_label("Reason").fill("not today")
     page.keyboard.press("Enter")
-    expect(page.locator("#inbox-empty")).to_be_visible()
+    expect(page.locator("#inbox-empty")).to_be_visible(timeout=20_000)
     assert ApprovalRequest.objects.get(run=first).status == "denied"
 
 
@@ -381,7 +382,7 @@ def test_inbox_shows_a_budget_extension_and_approving_it_resumes_the_run(
     ).click()
     # The run resumes at the refused call and goes on to the demo's tool gate.
     expect(item).to_have_count(1)
-    expect(item.locator("code.tool")).to_have_text("create_replacement")
+    expect(item.locator("code.tool")).to_have_text("create_replacement", timeout=30_000)
     assert BudgetGrant.objects.get(run_id=run.id).amount == 2048
     assert ApprovalRequest.objects.get(run=run, kind="budget_extension").status == (
         "approved"
