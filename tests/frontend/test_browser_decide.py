@@ -167,7 +167,7 @@ def test_approve_for_the_whole_run_from_the_panel(
         "treeitem", name=re.compile(r"^approval create_replacement")
     ).click()
     page.get_by_role(
-        "button", name="Approve create_replacement for the whole run"
+        "button", name="Approve for the whole run: create_replacement"
     ).click()
     expect(page.locator("#run-error")).to_have_text(
         "Approved for the whole run create_replacement."

@@ -85,7 +85,7 @@ export function approvalForm(approval, { approve, deny, redraw }) {
   } else {
     form.append(el("div", { class: "buttons" },
       el("button", { type: "button", class: "approve", "aria-label": `Approve ${approval.tool} (panel)`, text: "✓ Approve", onclick: (e) => submit(e.target, scope.value) }),
-      el("button", { type: "button", class: "approve run-scope", "aria-label": `Approve ${approval.tool} for the whole run`, text: "✓ Approve for the whole run", onclick: (e) => submit(e.target, "run") }),
+      el("button", { type: "button", class: "approve run-scope", "aria-label": `Approve for the whole run: ${approval.tool}`, text: "✓ Approve for the whole run", onclick: (e) => submit(e.target, "run") }),
       el("button", { type: "button", class: "deny", "aria-label": `Deny ${approval.tool} (panel)`, text: "✕ Deny", onclick: (e) => deny(e.target) })));
   }
   return form;
