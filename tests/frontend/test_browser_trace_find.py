@@ -53,9 +53,7 @@ def test_search_and_next_error_in_a_large_lazily_loaded_trace(
     page.locator("#tree").evaluate("(tree) => { tree.scrollTop = 118 * 30 - 90; }")
     step = row(page, "step 117")
     expect(step).to_have_accessible_name(re.compile("an error below"))
-    expect(row(page, "step 116")).not_to_have_accessible_name(
-        re.compile("error below")
-    )
+    expect(row(page, "step 116")).not_to_have_accessible_name(re.compile("error below"))
     expect(row(page, "http POST warehouse")).to_have_count(0)
 
     # e: the next error, opened in place, selected, in view and in the URL.
