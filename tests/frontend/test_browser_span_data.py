@@ -57,7 +57,11 @@ def test_a_finished_demo_run_shows_each_spans_output_tokens_and_tool_result(
     # Each step's span is named for the step it works on (the API's indexes).
     expect(rows(page, r"^step ")).to_have_count(5, timeout=20_000)
     names = [
-        rows(page, r"^step ").nth(i).locator(".label").inner_text() for i in range(5)
+        rows(page, r"^step ")
+        .nth(i)
+        .locator(".label")
+        .evaluate("(e) => e.firstChild.textContent")
+        for i in range(5)
     ]
     assert names == [
         "step 0", "step 1", "step 1 (resumed)", "step 2", "step 3",
