@@ -240,7 +240,8 @@ def test_a_decision_taken_elsewhere_says_by_whom_and_changes_nothing(
     expect(cards).to_have_count(1)
     page.evaluate("() => window.cpStreams.forEach((s) => s.stop())")  # stale page
     undo_ms = page.evaluate("() => window.cpInbox.undoMs")
-    cards.nth(0).get_by_role("button", name="Approve create_replacement").click()
+    cards.nth(0).focus()
+    page.keyboard.press("a")  # held for the undo window
     approval_decide(
         request=pending_of(run), decided_by=admin_user, approve=False,
         reason="customer asked for a refund instead",

@@ -3,7 +3,7 @@
 // said when it asked, the rule), grouped by agent or tool, decided one at a
 // time (mouse or keys j/k, a, d, Enter) or in bulk after a confirmation. A
 // one-key decision waits a few seconds with Undo before it is sent: undone,
-// nothing was decided. "Decided": who decided what, when and why.
+// nothing was decided. A click on a card's button is sent at once. "Decided": who decided what, when and why.
 
 import { api, rowsOf } from "./api.js";
 import { approvalDetails, approvalLabel, decisionSummary, el, statusBadge, timeLeft, when } from "./format.js";
@@ -45,7 +45,9 @@ async function load() {
       items = rowsOf(await api("/api/v1/approvals/?status=decided&limit=100"));
     } else {
       const rows = rowsOf(await api("/api/v1/approvals/?status=pending&limit=500"))
-        .filter((a) => !ENDED.has(a.run_status)); // a run that ended has nothing left to decide
+        // A run that ended has nothing left to decide; an external agent's call
+        // waits in its own process, whatever its run says.
+        .filter((a) => a.kind === "external_call" || !ENDED.has(a.run_status));
       rows.sort((a, b) => (groupKey(a) < groupKey(b) ? -1 : groupKey(a) > groupKey(b) ? 1 : 0)
         || Date.parse(a.requested_at) - Date.parse(b.requested_at));
       const focusedId = items[active]?.id;
@@ -71,7 +73,7 @@ function context(a) {
 function pendingCard(a, i) {
   const label = approvalLabel(a);
   const budget = a.kind === "budget_extension";
-  const ofRun = a.kind !== "tool_call"; // a question about the run, not one call
+  const ofRun = !a.tool_call_id; // a question about the run, not one call
   const waiting = scheduled.get(a.id);
   const li = el("li", { class: `inbox-item${i === active ? " active" : ""}${budget ? " budget-extension" : ""}${waiting ? " scheduled" : ""}`, tabindex: i === active ? "0" : "-1", "data-approval": a.id, "data-kind": a.kind,
     "aria-label": `${label} in run ${a.run.slice(0, 8)} of ${a.agent}, requested ${when(a.requested_at)}, ${timeLeft(a.expires_at)}` },
@@ -162,7 +164,9 @@ function focusActive() {
 
 // ---- one at a time, with an undo window ------------------------------------------
 
-async function decideOne(index, verb) {
+// A one-key decision (`a`, or `d` and a reason) is held for the undo window; a
+// click on a card's button is deliberate and is sent at once.
+async function decideOne(index, verb, { byKey = false } = {}) {
   const approval = items[index];
   if (!approval || busy.has(approval.id) || scheduled.has(approval.id)) return;
   let reason = "";
@@ -170,6 +174,7 @@ async function decideOne(index, verb) {
     reason = await askDenyReason(approvalLabel(approval));
     if (reason === null) { focusActive(); return; }
   }
+  if (!byKey) { send(approval, verb, reason); return; }
   // Nothing is sent until the window ends; Undo (or leaving the page) drops it.
   const deadline = Date.now() + undoMs;
   const timer = setTimeout(() => { scheduled.delete(approval.id); send(approval, verb, reason); }, undoMs);
@@ -324,8 +329,8 @@ document.addEventListener("keydown", (event) => {
   const key = event.key;
   if (key === "j" || key === "ArrowDown") { active = Math.min(items.length - 1, active + 1); focusActive(); }
   else if (key === "k" || key === "ArrowUp") { active = Math.max(0, active - 1); focusActive(); }
-  else if (key === "a" && canDecide) decideOne(active, "approve");
-  else if (key === "d" && canDecide) decideOne(active, "deny");
+  else if (key === "a" && canDecide) decideOne(active, "approve", { byKey: true });
+  else if (key === "d" && canDecide) decideOne(active, "deny", { byKey: true });
   else if (key === "u" && canDecide && items[active]) undo(items[active].id);
   else if (key === "x" && canDecide && items[active]) {
     const id = items[active].id;
