@@ -46,7 +46,7 @@ from typing import Any, NoReturn
 
 import grpc
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceResponse,
 )
@@ -205,8 +205,16 @@ class _Export:
             return self.store(caller, body)
         except IngestError as exc:
             # Garbage, a bad value or a limit passed: nothing was stored.
-            problem = str(exc)
-        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+            code, problem = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        except DatabaseError:
+            # Rolled back whole; the exporter retries UNAVAILABLE.
+            logger.exception("OTLP/gRPC %s: the database failed", self.name)
+            code, problem = grpc.StatusCode.UNAVAILABLE, "could not store; retry"
+        except Exception:
+            # gRPC would send the exception's text; the client gets no detail.
+            logger.exception("OTLP/gRPC %s failed", self.name)
+            code, problem = grpc.StatusCode.INTERNAL, "internal error"
+        _abort(context, code, problem)
 
     def _receive(self, requests: Iterator[bytes], context: Any) -> bytes:
         """The one request message, or the call is cut at the deadline."""
