@@ -12,8 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import redis
+from django.conf import settings
 
 from controlplane.services import api_token_issue
+from tests.conftest import wait_for
 from tests.frontend.conftest import DaphneServer
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -23,7 +26,7 @@ ASK = {
     "trace_id": TRACE,
     "agent": "payments-bot",
 }
-WAITERS = 60  # well above Daphne's thread pool for sync views
+WAITERS = 40  # above the threads asyncio lends sync code by default (32 at most)
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +36,16 @@ def server(
     daphne = DaphneServer(tmp_path_factory.mktemp("gates-daphne")).start()
     yield daphne
     daphne.stop()
+
+
+def listening(gate_id: str) -> int:
+    """Long-polls subscribed to the gate's channel-layer group (channels-redis
+    keeps a group as a sorted set of channels)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        return int(client.zcard(f"asgi:group:gate.{gate_id}"))
+    finally:
+        client.close()
 
 
 def call(
@@ -75,7 +88,9 @@ def test_a_long_poll_answers_when_the_gate_is_decided(
             pool.submit(call, server, agent, f"/api/v1/gates/{gate['id']}/?wait=60")
             for _ in range(WAITERS)
         ]
-        # Served while every waiter waits: none of them holds a thread.
+        # Served once every waiter waits (each listens on the gate's group):
+        # none of them holds a thread.
+        wait_for(lambda: listening(gate["id"]) == WAITERS, 240, "every waiter")
         status, now = call(server, agent, f"/api/v1/gates/{gate['id']}/", timeout=20)
         assert (status, now["status"]) == (200, "pending")
         assert not any(w.done() for w in waiters)
