@@ -7,7 +7,6 @@
 // (GET /api/v1/runs/<id>/spans/search/), which answers with each hit's path.
 
 const FAILED = new Set(["error", "abandoned"]);
-const SEARCH_PAGE = 250;
 
 function valuesOf(value, out = []) {
   if (value && typeof value === "object") for (const v of Object.values(value)) valuesOf(v, out);
@@ -37,13 +36,12 @@ export class TraceFinder {
     this.index = -1;
     this.token = 0;
     this.serverErrors = false;
-    this.timer = null;
+    let timer = null;
     this.input.addEventListener("input", () => {
-      clearTimeout(this.timer);
-      this.timer = setTimeout(() => this.run(this.input.value), 200);
+      clearTimeout(timer);
+      timer = setTimeout(() => this.run(this.input.value), 200);
     });
     this.input.addEventListener("keydown", (e) => {
-      if (e.key === "Enter") clearTimeout(this.timer); // Enter searches now
       if (e.key === "Enter") { e.preventDefault(); this.afterSearch(() => this.go(e.shiftKey ? -1 : 1, { focus: false })); }
       else if (e.key === "Escape") { this.input.value = ""; this.run(""); this.view.host.focus(); }
     });
@@ -101,8 +99,7 @@ export class TraceFinder {
       } else {
         this.say("Searching the whole trace…");
         let found;
-        // The first SEARCH_PAGE hits in row order (the status says how many more).
-        try { found = await this.loader.search({ q: text.trim(), limit: SEARCH_PAGE }); } catch (error) {
+        try { found = await this.loader.search({ q: text.trim() }); } catch (error) {
           if (token === this.token) this.say(`Search failed: ${error.message}`);
           return false;
         }
