@@ -181,6 +181,10 @@ export class TraceFinder {
     this.view.select(id, { focus });
     this.view.center(id);
     this.view.schedule();
+    // Once drawn, the row on screen too (the page may scroll, not only the tree).
+    requestAnimationFrame(() => requestAnimationFrame(() => {
+      document.getElementById(`row-${id}`)?.scrollIntoView({ block: "nearest" });
+    }));
   }
 
   // ---- deep links -----------------------------------------------------------
