@@ -1,8 +1,9 @@
 """Whole-trace reads over a run's span tree that the browser cannot answer from
 the spans it holds (a large run's children load on expand): search by name,
 attribute value or status, the path to any span (deep links), and a subtree's
-totals. Each reads the run's (span_id, parent) skeleton once; the rows it
-returns are whole spans, the skeleton only ids and start times.
+totals. A search reads its hits and then their ancestors level by level (a
+trace is a few levels deep), never the whole run; a subtree reads the run's
+(span_id, parent) pairs to find what is under the span.
 
 Runs are named by id: the caller has asked whether the run is the tenant's
 (`runs.selectors.run_for_tenant`) before these are called."""
@@ -35,28 +36,28 @@ MAX_CANDIDATES = 20_000
 ERROR_STATUSES = (Span.Status.ERROR, Span.Status.ABANDONED)
 
 
+def _path(parent: dict[str, str], span_id: str) -> list[str]:
+    """Ancestors of `span_id` known in `parent`, root first (ingested parents
+    may form a cycle: each at most once)."""
+    path: list[str] = []
+    seen = {span_id}
+    at = parent.get(span_id, "")
+    while at and at in parent and at not in seen:
+        seen.add(at)
+        path.append(at)
+        at = parent[at]
+    path.reverse()
+    return path
+
+
 @dataclass
 class Skeleton:
-    """The run's tree without its data: parent and sort key of every span."""
+    """The run's tree without its data: the parent of every span."""
 
     parent: dict[str, str]
-    key: dict[str, tuple[dt.datetime, int]]  # siblings sort by (started_at, pk)
 
     def path(self, span_id: str) -> list[str]:
-        """Ancestors of `span_id`, root first (ingested parents may cycle)."""
-        path: list[str] = []
-        seen = {span_id}
-        at = self.parent.get(span_id, "")
-        while at and at in self.parent and at not in seen:
-            seen.add(at)
-            path.append(at)
-            at = self.parent[at]
-        path.reverse()
-        return path
-
-    def order_key(self, span_id: str) -> tuple[tuple[dt.datetime, int], ...]:
-        """Sorts spans in the tree's depth-first order (the order of its rows)."""
-        return tuple(self.key[s] for s in [*self.path(span_id), span_id])
+        return _path(self.parent, span_id)
 
     def descendants(self, span_id: str) -> list[str]:
         children: dict[str, list[str]] = {}
@@ -76,15 +77,8 @@ class Skeleton:
 
 
 def trace_skeleton(*, run_id: Any) -> Skeleton:
-    rows = Span.objects.filter(run_id=run_id).values_list(
-        "span_id", "parent_span_id", "started_at", "pk"
-    )
-    parent: dict[str, str] = {}
-    key: dict[str, tuple[dt.datetime, int]] = {}
-    for span_id, parent_id, started_at, pk in rows:
-        parent[span_id] = parent_id
-        key[span_id] = (started_at, pk)
-    return Skeleton(parent=parent, key=key)
+    rows = Span.objects.filter(run_id=run_id).values_list("span_id", "parent_span_id")
+    return Skeleton(parent=dict(rows))
 
 
 def _values(value: Any) -> Iterable[str]:
@@ -148,16 +142,26 @@ def span_search(
         )
     candidates = list(spans.order_by("started_at", "pk")[:MAX_CANDIDATES])
     found = [s for s in candidates if not needle or span_matches(s, needle)]
-    skeleton = trace_skeleton(run_id=run_id)
-    found.sort(key=lambda s: skeleton.order_key(s.span_id))
+    # The hits' ancestors, one level a query, until the roots.
+    known: dict[str, Span] = {s.span_id: s for s in found}
+    wanted = {s.parent_span_id for s in found if s.parent_span_id} - known.keys()
+    while wanted:
+        level = list(Span.objects.filter(run_id=run_id, span_id__in=wanted))
+        known.update((s.span_id, s) for s in level)
+        wanted = {s.parent_span_id for s in level if s.parent_span_id} - known.keys()
+    parent = {span_id: s.parent_span_id for span_id, s in known.items()}
+
+    def row_order(span: Span) -> tuple[tuple[dt.datetime, int], ...]:
+        # Depth first, siblings by start: the order of the tree's rows.
+        chain = [*_path(parent, span.span_id), span.span_id]
+        return tuple((known[i].started_at, known[i].pk) for i in chain)
+
+    found.sort(key=row_order)
     kept = found[:limit]
-    paths = {s.span_id: skeleton.path(s.span_id) for s in kept}
-    wanted = {a for path in paths.values() for a in path} - {s.span_id for s in kept}
-    ancestors = list(
-        Span.objects.filter(run_id=run_id, span_id__in=wanted).order_by(
-            "started_at", "pk"
-        )
-    )
+    paths = {s.span_id: _path(parent, s.span_id) for s in kept}
+    kept_ids = {s.span_id for s in kept}
+    on_paths = {a for path in paths.values() for a in path} - kept_ids
+    ancestors = sorted((known[a] for a in on_paths), key=row_order)
     return SearchResult(
         matches=kept,
         count=len(found),

@@ -99,9 +99,14 @@ export class TimeAxis {
     }
     const large = this.model.large || this.model.size >= LARGE_TRACE;
     this.minimap.hidden = !large;
-    if (large && (performance.now() - this.mapAt > 500 || this.mapKey !== key)) {
+    // Redrawn when the window moves at once; when spans change (live growth)
+    // at most once a second; never while only scrolling.
+    const content = `${this.model.version}|${this.model.marksVersion}|${this.model.running}`;
+    const due = performance.now() - this.mapAt > 1000;
+    if (large && (this.mapKey !== key || (this.mapContent !== content && due) || (this.model.running && due))) {
       this.mapAt = performance.now();
       this.mapKey = key;
+      this.mapContent = content;
       this.drawMinimap(axis);
     }
   }
@@ -124,9 +129,13 @@ export class TimeAxis {
     const errors = [];
     for (const node of this.model.nodes.values()) {
       const s = node.s;
-      const start = Date.parse(s.started_at);
+      if (node.timesOf !== s) { // parsed once per version of the span
+        node.timesOf = s;
+        node.t = [Date.parse(s.started_at), s.ended_at ? Date.parse(s.ended_at) : null];
+      }
+      const [start, end] = node.t;
       diff[x(start)] += 1;
-      diff[x(s.ended_at ? Date.parse(s.ended_at) : now) + 1] -= 1;
+      diff[x(end ?? now) + 1] -= 1;
       if (s.status === "error" || s.status === "abandoned") errors.push(start);
     }
     const density = new Int32Array(width);

@@ -134,16 +134,17 @@ export class TraceModel {
       this.waits = new Map();
       for (const node of this.nodes.values()) {
         if (!node.s.name.startsWith("approval")) continue;
-        const interval = [Date.parse(node.s.started_at), node.s.ended_at ? Date.parse(node.s.ended_at) : null];
         for (const n of this.pathTo(node.id)) {
           const list = this.waits.get(n.id) || [];
-          list.push(interval);
+          list.push(node);
           this.waits.set(n.id, list);
         }
       }
       this.waitsVersion = this.version + this.nodes.size;
     }
-    return this.waits.get(id) || null;
+    // Read at each call: an approval's end arrives without a structural change.
+    const nodes = this.waits.get(id);
+    return nodes ? nodes.map((n) => [Date.parse(n.s.started_at), n.s.ended_at ? Date.parse(n.s.ended_at) : null]) : null;
   }
 
   // Every span loaded and every list of children known: the model can answer
