@@ -108,6 +108,13 @@ export class TimeAxis {
       this.mapKey = key;
       this.mapContent = content;
       this.drawMinimap(axis);
+    } else if (large && this.mapContent !== content && !this.mapTimer) {
+      // Spans changed within the second: drawn when it is over, even if the
+      // tree renders nothing more by then (the last page of a load).
+      this.mapTimer = setTimeout(() => {
+        this.mapTimer = null;
+        this.update();
+      }, 1000 - (performance.now() - this.mapAt));
     }
   }
 

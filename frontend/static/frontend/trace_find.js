@@ -181,9 +181,17 @@ export class TraceFinder {
     this.view.select(id, { focus });
     this.view.center(id);
     this.view.schedule();
-    // Once drawn, the row on screen too (the page may scroll, not only the tree).
+    // Once drawn, the row on screen too (the page may scroll, not only the tree),
+    // away from its edges: what appears above the tree once the trace has loaded
+    // (the minimap of a large trace) then pushes it down without taking it off screen.
     requestAnimationFrame(() => requestAnimationFrame(() => {
-      document.getElementById(`row-${id}`)?.scrollIntoView({ block: "nearest" });
+      const row = document.getElementById(`row-${id}`);
+      if (!row) return;
+      const { top, bottom } = row.getBoundingClientRect();
+      const margin = window.innerHeight / 5;
+      if (top < margin || bottom > window.innerHeight - margin) {
+        row.scrollIntoView({ block: "center" });
+      }
     }));
   }
 
