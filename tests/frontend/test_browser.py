@@ -82,7 +82,8 @@ def test_operator_starts_the_demo_run_watches_it_live_approves_and_it_succeeds(
     row = page.locator("#runs-body tr[data-run]").first
     expect(row).to_contain_text("kettlecraft-support")
     # The list follows the run live: no reload.
-    expect(row).to_contain_text("1 waiting", timeout=30_000)
+    # Its "Waiting on" cell names who it waits on: an approval.
+    expect(row.locator("a.waiting")).to_have_text("‖ approval", timeout=30_000)
     expect(row).to_contain_text("waiting for approval")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "runs-list.png"))

@@ -12,7 +12,7 @@ const drafts = new Map();
 
 function draftOf(approval) {
   const original = JSON.stringify(approval.args ?? {}, null, 2);
-  if (!drafts.has(approval.id)) drafts.set(approval.id, { args: original, scope: "once", reason: "", confirming: null });
+  if (!drafts.has(approval.id)) drafts.set(approval.id, { args: original, scope: "once", reason: "", confirming: null, error: "" });
   return drafts.get(approval.id);
 }
 
@@ -38,6 +38,15 @@ export function approvalForm(approval, { approve, deny, redraw }) {
   const args = el("textarea", { id: "approve-args", rows: "5", class: "args", "aria-describedby": "approve-args-error", oninput: () => { draft.args = args.value; draft.confirming = null; } });
   args.value = draft.args;
   const argsError = el("p", { class: "field-error", id: "approve-args-error", role: "alert" });
+  // The draft keeps its error too: the panel may be drawn again (a live event)
+  // while the person reads it.
+  const showError = (text) => {
+    draft.error = text;
+    argsError.textContent = text;
+    if (text) args.setAttribute("aria-invalid", "true");
+    else args.removeAttribute("aria-invalid");
+  };
+  showError(draft.error || "");
   const scope = el("select", { id: "approve-scope", onchange: () => { draft.scope = scope.value; } },
     el("option", { value: "once", text: "once: this call only" }),
     el("option", { value: "run", text: "run: later calls of this tool in this run" }));
@@ -47,18 +56,15 @@ export function approvalForm(approval, { approve, deny, redraw }) {
   const fieldErrors = (error) => {
     const fields = error.fields || {};
     const text = (v) => (Array.isArray(v) ? v.join(" ") : String(v));
-    argsError.textContent = fields.args ? text(fields.args) : Object.entries(fields).map(([k, v]) => `${k}: ${text(v)}`).join(" ") || error.message;
-    args.setAttribute("aria-invalid", "true");
+    showError(fields.args ? text(fields.args) : Object.entries(fields).map(([k, v]) => `${k}: ${text(v)}`).join(" ") || error.message);
     draft.confirming = null;
   };
   const send = (button, scopeValue, edited) => approve({ args: edited, scope: scopeValue, reason: draft.reason.trim(), onFieldErrors: fieldErrors }, button);
   const submit = (button, scopeValue) => {
-    argsError.textContent = "";
-    args.removeAttribute("aria-invalid");
+    showError("");
     const parsed = parsedDraft(approval, draft);
     if (parsed.error) {
-      argsError.textContent = parsed.error;
-      args.setAttribute("aria-invalid", "true");
+      showError(parsed.error);
       args.focus();
       return;
     }
