@@ -19,6 +19,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -293,6 +294,7 @@ async def gate_detail(request: HttpRequest, gate_id: uuid.UUID) -> HttpResponse:
         return first  # type: ignore[no-any-return]
     _waiting += 1
     try:
+        await sync_to_async(connections.close_all)()  # see _is_final
         await _until_final(gate_id, wait)
     finally:
         _waiting -= 1
@@ -328,7 +330,7 @@ async def _until_final(gate_id: uuid.UUID, seconds: float) -> None:
         await _poll(gate_id, seconds)
         return
     try:
-        if await sync_to_async(gate_is_final)(gate_id=gate_id):
+        if await sync_to_async(_is_final)(gate_id):
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(layer.receive(channel), seconds)
@@ -337,10 +339,20 @@ async def _until_final(gate_id: uuid.UUID, seconds: float) -> None:
             await layer.group_discard(group, channel)
 
 
+def _is_final(gate_id: uuid.UUID) -> bool:
+    """Whether the gate is final, read with a connection given back to the pool
+    at once: a long-poll holds none while it waits, or a few waiters would
+    take every pooled connection the process has."""
+    try:
+        return gate_is_final(gate_id=gate_id)
+    finally:
+        connections.close_all()
+
+
 async def _poll(gate_id: uuid.UUID, seconds: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     while loop.time() < deadline:
-        if await sync_to_async(gate_is_final)(gate_id=gate_id):
+        if await sync_to_async(_is_final)(gate_id):
             return
         await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
