@@ -33,7 +33,7 @@ from tracing.ingest.otlp import (
     _hex_id,
     _json_any,
     _json_kvs,
-    _no_constant,
+    _json_resources,
     _proto_any,
     _proto_kvs,
     _service,
@@ -142,18 +142,8 @@ def _from_proto(body: bytes) -> list[OtlpLogRecord]:
 
 
 def _from_json(body: bytes) -> list[OtlpLogRecord]:
-    try:
-        document = json.loads(body, parse_constant=_no_constant)
-    except RecursionError:
-        raise IngestError("the JSON body nests too deep to read") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise IngestError(f"the body is not JSON: {exc}") from exc
-    if not isinstance(document, dict) or not isinstance(
-        document.get("resourceLogs", []), list
-    ):
-        raise IngestError("expected an object with a resourceLogs list")
     records: list[OtlpLogRecord] = []
-    for resource_logs in document.get("resourceLogs", []):
+    for resource_logs in _json_resources(body, "resourceLogs"):
         resource = _field(
             _field(resource_logs, "resource", dict, "resourceLogs[]"),
             "attributes",

@@ -375,19 +375,23 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON (proto JSON spells it as a string)")
 
 
-def _from_json(body: bytes) -> list[OtlpSpan]:
+def _json_resources(body: bytes, key: str) -> list[Any]:
+    """The `key` list (resourceSpans, resourceLogs) of an OTLP/JSON body."""
     try:
         document = json.loads(body, parse_constant=_no_constant)
     except RecursionError:
         raise IngestError("the JSON body nests too deep to read") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise IngestError(f"the body is not JSON: {exc}") from exc
-    if not isinstance(document, dict) or not isinstance(
-        document.get("resourceSpans", []), list
-    ):
-        raise IngestError("expected an object with a resourceSpans list")
+    if not isinstance(document, dict) or not isinstance(document.get(key, []), list):
+        raise IngestError(f"expected an object with a {key} list")
+    resources: list[Any] = document.get(key, [])
+    return resources
+
+
+def _from_json(body: bytes) -> list[OtlpSpan]:
     spans: list[OtlpSpan] = []
-    for resource_spans in document.get("resourceSpans", []):
+    for resource_spans in _json_resources(body, "resourceSpans"):
         resource_attributes = _field(
             _field(resource_spans, "resource", dict, "resourceSpans[]"),
             "attributes",
