@@ -46,14 +46,17 @@ from runs.models import (
 from runs.services.agent_validation import version_config_of
 from tracing.models import Span
 
-# `waiting=<who>`: the kind of pending approval request a run waits on. `input`
+# `waiting=<who>`: the kinds of pending approval request a run waits on. An
+# external agent's gated call is an approval like a tool call of ours; `input`
 # is a person's answer to "go on after repeated tool errors?" (docs/engine.md).
-RUN_WAITING_KINDS: dict[str, str] = {
-    "approval": ApprovalRequest.Kind.TOOL_CALL,
-    "input": ApprovalRequest.Kind.TOOL_ERROR,
-    "budget": ApprovalRequest.Kind.BUDGET_EXTENSION,
+RUN_WAITING_KINDS: dict[str, tuple[str, ...]] = {
+    "approval": (ApprovalRequest.Kind.TOOL_CALL, ApprovalRequest.Kind.EXTERNAL_CALL),
+    "input": (ApprovalRequest.Kind.TOOL_ERROR,),
+    "budget": (ApprovalRequest.Kind.BUDGET_EXTENSION,),
 }
-_KIND_WAITING = {kind: who for who, kind in RUN_WAITING_KINDS.items()}
+_KIND_WAITING = {
+    kind: who for who, kinds in RUN_WAITING_KINDS.items() for kind in kinds
+}
 
 # `sort=<name>` or `-<name>`: what each name orders by. Expressions that need the
 # moment of the query are built in `_sort_expression`.
@@ -90,11 +93,11 @@ class RunListQuery:
     sort: str = RUN_SORT_DEFAULT
 
 
-def _pending(kind: str | None = None) -> QuerySet[ApprovalRequest]:
+def _pending(kinds: tuple[str, ...] | None = None) -> QuerySet[ApprovalRequest]:
     pending = ApprovalRequest.objects.filter(
         run=OuterRef("pk"), status=ApprovalRequest.Status.PENDING
     )
-    return pending if kind is None else pending.filter(kind=kind)
+    return pending if kinds is None else pending.filter(kind__in=kinds)
 
 
 def _has_error() -> Q:
@@ -195,7 +198,7 @@ def run_waiting_on(*, tenant: Tenant, run_ids: list[Any]) -> dict[Any, dict[str,
         .order_by()
     )
     for row in rows:
-        counts[row["run_id"]][_KIND_WAITING[row["kind"]]] = row["n"]
+        counts[row["run_id"]][_KIND_WAITING[row["kind"]]] += row["n"]
     return counts
 
 

@@ -82,6 +82,20 @@ def test_a_write_waits_for_approval_on_the_external_run_of_its_trace(
     ]
 
 
+def test_the_runs_list_shows_the_external_run_waiting_on_approval(operator_api):
+    # The list once answered 500 for a page holding a run with a pending gate.
+    gate = operator_api.post("/api/v1/gates/", ASK, format="json").json()
+    listed = operator_api.get("/api/v1/runs/")
+    assert listed.status_code == 200, listed.content
+    (row,) = listed.json()["results"]
+    assert row["id"] == gate["run_id"]
+    assert row["waiting_on"] == {"approval": 1, "input": 0, "budget": 0}
+    waiting = operator_api.get("/api/v1/runs/?waiting=approval").json()["results"]
+    assert [run["id"] for run in waiting] == [gate["run_id"]]
+    by_waiting = operator_api.get("/api/v1/runs/?sort=-waiting").json()["results"]
+    assert [run["id"] for run in by_waiting] == [gate["run_id"]]
+
+
 def test_approving_finalises_the_gate_with_who_decided(
     operator_api, tenant, admin_user, api_client_for
 ):
