@@ -26,10 +26,13 @@ run: install
 	$(PY) manage.py dev
 
 # The preflight names every missing system package (and root) in one message
-# before any test runs; see README "The two commands".
+# before any test runs; see README "The two commands". Test files are spread
+# over TEST_PROCESSES processes (pytest-xdist), each with its own test database
+# and Redis database.
+TEST_PROCESSES ?= 2
 test: install-dev
 	$(PY) tests/preflight.py
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 lint: install-dev
 	$(VENV)/bin/ruff check .

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 # PROMETHEUS_MULTIPROC_DIR is set by the tests.metrics_dir plugin (pyproject's
 # addopts), before pytest-django sets Django up.
@@ -39,6 +40,17 @@ def _use_redis(url: str) -> None:
     celery_app.conf.broker_url = url
 
 
+def _worker_database(url: str) -> str:
+    """Under pytest-xdist, worker gwN uses the Redis database N places after the
+    URL's: its cache, channel layer and Celery control messages are its own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return url
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{base + 1 + int(worker[2:])}"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     (BASE_DIR / ".run").mkdir(exist_ok=True)
     # The secret store's key for this session, and for every process it starts
@@ -53,7 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
         atexit.register(redis_server.stop)
         _use_redis(redis_server.url)
     else:
-        _use_redis(os.environ["REDIS_URL"])
+        _use_redis(_worker_database(os.environ["REDIS_URL"]))
     # A queue of our own, so a worker of another run on the same Redis never
     # takes this session's tasks.
     queue = f"test-{uuid.uuid4().hex[:8]}"

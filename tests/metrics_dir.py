@@ -15,6 +15,10 @@ import tempfile
 
 # This process and every worker it starts record into one directory, and GET
 # /metrics adds them up, as in compose.
-if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+# A pytest-xdist worker inherits its controller's environment: it takes a
+# directory of its own, or GET /metrics would add up another worker's tests.
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get(
+    "PYTEST_XDIST_WORKER"
+):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="cp-test-metrics-")
     atexit.register(shutil.rmtree, os.environ["PROMETHEUS_MULTIPROC_DIR"], True)
