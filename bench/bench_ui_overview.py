@@ -108,6 +108,12 @@ def main() -> None:
     t = time.monotonic()
     tenant, user = _store_history(per_day)
     print(f"stored {DAYS} days x {per_day:,} runs in {time.monotonic() - t:.1f} s")
+    # What beat's rollup pass did as the history's runs ended.
+    from runs.services.rollups import runs_roll_up_all
+
+    t = time.monotonic()
+    counted = runs_roll_up_all(most=10_000)
+    print(f"rolled up {counted:,} runs in {time.monotonic() - t:.1f} s")
     server = Daphne()
     r: dict[str, Any] = {}
     try:

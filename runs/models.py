@@ -222,10 +222,26 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # What the overview's hourly rollups hold for this run (runs/rollups.py):
+    # pending until an ended run is counted there, and again when an external
+    # run changes after it was (its old share is then taken back).
+    rollup_pending = models.BooleanField(default=True)
+    rollup_status = models.CharField(max_length=20, blank=True)
+    rollup_cost = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True
+    )
+    rollup_duration = models.SmallIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["tenant", "status", "-created_at"]),
+            # The runs the overview reads one by one: those its rollups do not
+            # hold yet (few: the unended and the just ended).
+            models.Index(
+                fields=["tenant", "created_at"],
+                condition=models.Q(rollup_pending=True),
+                name="run_rollup_pending",
+            ),
             # A trace id across tenants: an external agent's gate or budget
             # reservation on another tenant's trace is refused.
             models.Index(
@@ -522,3 +538,67 @@ class ExternalGate(models.Model):
 
     def __str__(self) -> str:
         return f"gate {self.tool} ({self.status})"
+
+
+class RunHourRollup(models.Model):
+    """A tenant's ended runs created in one UTC hour, by agent and status: the
+    overview reads these instead of the runs (runs/rollups.py)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+")
+    status = models.CharField(max_length=20)
+    runs = models.IntegerField(default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "hour", "agent", "status"], name="one_run_rollup"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.runs} {self.status} runs at {self.hour:%Y-%m-%d %H}:00"
+
+
+class RunDurationRollup(models.Model):
+    """How many of a tenant's runs created in one UTC hour took a duration in
+    one histogram bucket (runs/rollups.py: 8 buckets per doubling)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+    bucket = models.SmallIntegerField()
+    runs = models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "hour", "bucket"], name="one_duration_rollup"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.runs} runs in bucket {self.bucket} at {self.hour:%Y-%m-%d %H}:00"
+
+
+class ToolHourRollup(models.Model):
+    """The tool calls of a tenant's ended runs created in one UTC hour, by tool:
+    calls, failed calls and the cost their calls settled in the ledger."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+    tool_name = models.CharField(max_length=200)
+    calls = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+    cost = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "hour", "tool_name"], name="one_tool_rollup"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.calls} {self.tool_name} calls at {self.hour:%Y-%m-%d %H}:00"

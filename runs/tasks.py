@@ -18,6 +18,7 @@ from runs.services.decide import approvals_expire
 from runs.services.gate_webhooks import gate_webhook_deliver, gate_webhooks_due
 from runs.services.mcp import mcp_stdio_listing_reply
 from runs.services.retention import retention_sweep
+from runs.services.rollups import runs_roll_up_all
 from runs.spans import spans_end_of_finished_runs
 from tracing.ingest import log_messages_expire
 from tracing.store import spans_abandon_expired
@@ -117,6 +118,12 @@ def sandbox_janitor_task() -> int:
 def retention_sweep_task() -> int:
     """Delete terminal runs past their tenant's retention, in bounded batches."""
     return sum(report.deleted.runs for report in retention_sweep())
+
+
+@shared_task
+def runs_roll_up_task() -> int:
+    """Count ended runs into the overview's hourly rollups."""
+    return runs_roll_up_all()
 
 
 @shared_task

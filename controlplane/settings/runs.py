@@ -115,6 +115,19 @@ CELERY_BEAT_SCHEDULE["runs-retention"] = {
     "schedule": DATA_RETENTION_INTERVAL_SECONDS,
 }
 
+# The overview reads hourly rollups of ended runs (runs/rollups.py); until a
+# pass counts a run it reads the run itself, so this only bounds that work.
+RUNS_ROLLUP_INTERVAL_SECONDS = env.number(
+    "RUNS_ROLLUP_INTERVAL_SECONDS",
+    30.0,
+    minimum=1.0,
+    help="How often beat counts ended runs into the overview's hourly rollups.",
+)
+CELERY_BEAT_SCHEDULE["runs-roll-up"] = {
+    "task": "runs.tasks.runs_roll_up_task",
+    "schedule": RUNS_ROLLUP_INTERVAL_SECONDS,
+}
+
 # Sandbox runner (run_code and any tool that runs a command).
 SANDBOX_ROOT = env.string(
     "SANDBOX_ROOT",

@@ -119,6 +119,8 @@ def run_external_update(
         ),
         "cost": _bounded_move("cost", usage.cost, _COST_MAX),
         "updated_at": timezone.now(),
+        # The overview's rollups count the run again (runs/services/rollups.py).
+        "rollup_pending": True,
     }
     if failed:
         changes["status"] = Run.Status.FAILED

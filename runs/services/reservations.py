@@ -258,6 +258,7 @@ def reservation_settle(
             )
             + Value(min(actual.cost, _RUN_COST_MAX)),
             updated_at=timezone.now(),
+            rollup_pending=True,  # the overview's rollups count it again
         )
         audit_record(
             tenant=tenant,

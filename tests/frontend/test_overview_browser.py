@@ -47,8 +47,8 @@ def test_overview_shows_the_tenants_figures_and_clicks_through(
     )
     expect(page.get_by_test_id("tile-runs")).to_have_text("9runs")
     expect(page.get_by_test_id("tile-failed")).to_have_text("3failed")
-    expect(page.get_by_test_id("tile-p50")).to_have_text("40.0 sp50 duration")
-    expect(page.get_by_test_id("tile-p95")).to_have_text("1m 40sp95 duration")
+    expect(page.get_by_test_id("tile-p50")).to_have_text("40.7 sp50 duration")
+    expect(page.get_by_test_id("tile-p95")).to_have_text("1m 37sp95 duration")
     expect(page.get_by_test_id("tile-waiting")).to_have_text("1approvals waiting")
     expect(page.get_by_test_id("tile-decision")).to_have_text(
         "3m 0smedian time to decision"
