@@ -29,6 +29,7 @@ from controlplane.permissions import Action, Gate
 from controlplane.redaction import RedactedCharField, RedactedJSONField
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
+from runs.engine.contracts import TOOL_NAME_PATTERN
 from runs.engine.evaluator import verdict_of
 from runs.engine.stop import StopReason
 from runs.models import Run
@@ -178,6 +179,17 @@ class RunListQuerySerializer(serializers.Serializer[Any]):
         choices=Run.Status.values, required=False, allow_blank=True
     )
     agent = serializers.SlugField(max_length=64, required=False, allow_blank=True)
+    # The names a tool may have (runs/engine/contracts.py): a name outside them
+    # was never run, so it is refused rather than matching nothing.
+    tool = serializers.RegexField(
+        TOOL_NAME_PATTERN.pattern,
+        max_length=64,
+        required=False,
+        allow_blank=True,
+        help_text="runs that made at least one call of this tool (its name as the "
+        "model sees it); a run sent over OTLP has no tool calls here",
+        error_messages={"invalid": "a tool name is 1 to 64 letters, digits, _ or -"},
+    )
     cost_gt = serializers.DecimalField(
         max_digits=14,
         decimal_places=6,
@@ -255,6 +267,7 @@ def run_list_query_of(request: Request) -> selectors.RunListQuery:
     return selectors.RunListQuery(
         status=wanted.get("status") or None,
         agent=wanted.get("agent") or None,
+        tool=wanted.get("tool") or None,
         created_from=wanted.get("from"),
         created_to=wanted.get("to"),
         cost_gt=wanted.get("cost_gt"),

@@ -83,6 +83,7 @@ class RunListQuery:
 
     status: str | None = None
     agent: str | None = None
+    tool: str | None = None  # a tool the run called at least once
     created_from: dt.datetime | None = None  # inclusive
     created_to: dt.datetime | None = None  # exclusive
     cost_gt: Decimal | None = None
@@ -153,6 +154,10 @@ def run_list_for(*, tenant: Tenant, query: RunListQuery | None = None) -> QueryS
         runs = runs.filter(status=query.status)
     if query.agent:
         runs = runs.filter(agent__slug=query.agent)
+    if query.tool:
+        # Exists, not a join: a run that called the tool many times is one row.
+        called = ToolCall.objects.filter(run=OuterRef("pk"), tool_name=query.tool)
+        runs = runs.filter(Exists(called))
     if query.trace_id:
         runs = runs.filter(trace_id=query.trace_id)
     if query.created_from is not None:

@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from approvals.models import ApprovalRequest
-from runs.models import Run
+from runs.models import Run, Step, ToolCall
 from tests.agents import make_agent
 from tracing.models import Span
 
@@ -30,6 +30,13 @@ RUNS: dict[str, tuple[Any, ...]] = {
     "ping": ("alpha", "succeeded", "Ping the warehouse", "Pong from Leeds", "0.5",
              96, 2, 1, 5, 5, True, None),
 }  # fmt: skip
+# The tools each run called, in order (`tool=<name>`); the others called none.
+TOOLS_CALLED: dict[str, list[str]] = {
+    "refund": ["lookup_order", "lookup_order", "refund"],
+    "parcel": ["lookup_order"],
+    "lid": ["lookup_order", "create_replacement"],
+    "ping": ["run_code"],
+}
 KIND_OF = {
     "approval": ApprovalRequest.Kind.TOOL_CALL,
     "input": ApprovalRequest.Kind.TOOL_ERROR,
@@ -75,6 +82,7 @@ def seed_run_list(tenant: Any, user: Any) -> dict[str, Run]:
             started_at=created,
             ended_at=created,
         )
+        record_tool_calls(run, TOOLS_CALLED.get(name, []))
         if waiting:
             ApprovalRequest.objects.create(
                 tenant=tenant,
@@ -88,3 +96,22 @@ def seed_run_list(tenant: Any, user: Any) -> dict[str, Run]:
             )
         made[name] = run
     return made
+
+
+def record_tool_calls(run: Run, tools: list[str]) -> None:
+    """One step holding a call of each tool, as the engine records them."""
+    if not tools:
+        return
+    step = Step.objects.create(run=run, index=0, started_at=run.created_at)
+    for position, tool in enumerate(tools):
+        ToolCall.objects.create(
+            run=run,
+            step=step,
+            position=position,
+            call_id=f"call_{position}",
+            tool_name=tool,
+            args={},
+            args_sha256="0" * 64,
+            idempotency_key=f"{run.pk}-{position}",
+            status=ToolCall.Status.SUCCEEDED,
+        )

@@ -215,6 +215,42 @@ def test_a_link_from_the_overview_opens_the_filtered_list(
     )
 
 
+def test_the_tool_filter_lists_the_runs_that_called_it(
+    listed: Any, operator_user: Any, open_page: Any
+) -> None:
+    page = open_page(operator_user, "/runs/")
+    expect_rows(page, NEWEST_FIRST)
+    tool = page.locator("#filters").get_by_label("Tool called")
+    tool.fill("lookup_order")
+    tool.press("Tab")
+    # `refund` called it twice: listed once.
+    expect_rows(page, ["lid", "parcel", "refund"])
+    expect(page).to_have_url(re.compile(r"/runs/\?tool=lookup_order$"))
+    page.locator("#filters").get_by_label("Agent", exact=True).select_option("beta")
+    expect_rows(page, ["lid"])
+    page.reload()
+    expect_rows(page, ["lid"])
+    expect(tool).to_have_value("lookup_order")
+    tool.fill("run_code")
+    tool.press("Enter")
+    expect_rows(page, [])
+    expect(page.locator("#runs-body")).to_have_text("No run matches the filters.")
+    page.go_back()
+    expect_rows(page, ["lid"])
+    expect(tool).to_have_value("lookup_order")
+
+    # A name no tool can have is refused at the field; clearing it recovers.
+    page.goto("/runs/?tool=lookup.order")
+    expect(page.locator("#runs-error")).to_contain_text(
+        "Tool called: a tool name is 1 to 64 letters, digits, _ or -"
+    )
+    expect(tool).to_have_attribute("aria-invalid", "true")
+    tool.fill("")
+    tool.press("Enter")
+    expect_rows(page, NEWEST_FIRST)
+    expect(page).to_have_url(re.compile(r"/runs/$"))
+
+
 def test_a_bad_filter_in_the_url_says_which_and_why(
     listed: Any, operator_user: Any, open_page: Any
 ) -> None:

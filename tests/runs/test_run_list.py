@@ -11,7 +11,7 @@ from django.db import connection
 
 from runs.models import Run
 from runs.selectors import RUN_SORT_FIELDS
-from tests.run_list_data import RUNS, seed_run_list
+from tests.run_list_data import RUNS, record_tool_calls, seed_run_list
 
 
 @pytest.fixture
@@ -65,8 +65,22 @@ FILTERS = [
     ("waiting=input", ["catalogue"]),
     ("waiting=budget", ["invoices"]),
     ("waiting=budget&agent=alpha", []),
+    # Runs that called the tool, each once however many calls it made.
+    ("tool=lookup_order", ["lid", "parcel", "refund"]),
+    ("tool=refund", ["refund"]),
+    ("tool=run_code", ["ping"]),
+    ("tool=send_email", []),
+    ("tool=Lookup_Order", []),  # names are exact
+    # With the other filters (the overview's "by failures" link adds has_error).
+    ("tool=lookup_order&has_error=1", ["parcel"]),
+    ("tool=lookup_order&agent=beta", ["lid"]),
+    ("tool=lookup_order&from=2026-11-02", ["lid", "parcel"]),
+    ("tool=lookup_order&q=kettle", ["refund"]),
     # Empty values filter nothing.
-    ("status=&agent=&from=&to=&cost_gt=&has_error=&waiting=&q=&sort=", NEWEST_FIRST),
+    (
+        "status=&agent=&tool=&from=&to=&cost_gt=&has_error=&waiting=&q=&sort=",
+        NEWEST_FIRST,
+    ),
 ]
 
 
@@ -178,6 +192,10 @@ BAD = [
     ("q=a%00b", "q"),
     ("q=" + "x" * 201, "q"),
     ("agent=Not%20a%20slug", "agent"),
+    ("tool=lookup.order", "tool"),
+    ("tool=lookup%20order", "tool"),
+    ("tool=" + "x" * 65, "tool"),
+    ("tool=a%00b", "tool"),
 ]
 
 
@@ -207,6 +225,7 @@ def test_another_tenants_runs_never_match(
         "sort=-waiting",
         "sort=agent",
         "from=2026-01-01",
+        "tool=lookup_order",
     ]:
         rows = client.get(f"/api/v1/runs/?{query}").json()["results"]
         assert rows, query
@@ -219,6 +238,23 @@ def test_another_tenants_runs_never_match(
     assert not mine & {row["id"] for row in rows}
     waiting = other_client.get("/api/v1/runs/?sort=-waiting").json()["results"]
     assert sum(sum(row["waiting_on"].values()) for row in waiting) == 3
+
+
+def test_a_tool_only_another_tenant_called_matches_none_of_mine(
+    client: Any,
+    runs: dict[str, Run],
+    other_runs: dict[str, Run],
+    other_tenant: Any,
+    api_client_for: Any,
+) -> None:
+    theirs = other_runs["catalogue"]
+    record_tool_calls(theirs, ["issue_voucher"])
+    stranger = other_tenant.memberships.get().user
+    seen = api_client_for(stranger, other_tenant).get(
+        "/api/v1/runs/?tool=issue_voucher"
+    )
+    assert [row["id"] for row in seen.json()["results"]] == [str(theirs.id)]
+    assert names(client, runs, "tool=issue_voucher") == []
 
 
 def test_the_first_page_and_a_search_are_served_by_indexes(tenant: Any) -> None:

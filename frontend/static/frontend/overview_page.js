@@ -2,7 +2,7 @@
 // the URL): runs per bucket by status, p50/p95 duration, approvals waiting and
 // the median time to a decision, spend against each budget with a forecast,
 // top agents and tools. Every chart and figure links to the runs list filtered
-// to what it counts (/runs/?status=&agent=&from=&to=, INTERFACES.md).
+// to what it counts (/runs/?status=&agent=&tool=&from=&to=, INTERFACES.md).
 // Live: the tenant stream's events (runs, steps, approvals) and a 30 s timer
 // refetch the figures, throttled; charts redraw in place.
 
@@ -136,8 +136,8 @@ function renderTops() {
     topList("By cost", agents.by_cost, (r) => `${r.agent}: ${money(r.cost)} (${r.runs} runs)`, (r) => runsLink({ agent: r.agent, ...p, sort: "-cost" }), "agents-by-cost"),
     topList("By failures", agents.by_failures, (r) => `${r.agent}: ${r.failed} failed of ${r.runs}`, (r) => runsLink({ status: "failed", agent: r.agent, ...p }), "agents-by-failures"));
   document.getElementById("top-tools").replaceChildren(
-    topList("By cost (settled in the ledger)", tools.by_cost, (r) => `${r.tool}: ${money(r.cost)} (${r.calls} calls)`, () => runsLink({ ...p, sort: "-cost" }), "tools-by-cost"),
-    topList("By failures", tools.by_failures, (r) => `${r.tool}: ${r.failed} failed of ${r.calls} calls`, () => runsLink({ has_error: "1", ...p }), "tools-by-failures"));
+    topList("By cost (settled in the ledger)", tools.by_cost, (r) => `${r.tool}: ${money(r.cost)} (${r.calls} calls)`, (r) => runsLink({ tool: r.tool, ...p, sort: "-cost" }), "tools-by-cost"),
+    topList("By failures", tools.by_failures, (r) => `${r.tool}: ${r.failed} failed of ${r.calls} calls`, (r) => runsLink({ tool: r.tool, has_error: "1", ...p }), "tools-by-failures"));
 }
 
 function render() {

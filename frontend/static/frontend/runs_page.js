@@ -9,7 +9,7 @@ import { Stream, throttle } from "./stream.js";
 
 const PAGE = 50;
 // The URL's query names, agreed with the overview's click-through (INTERFACES.md).
-const FILTERS = ["status", "agent", "from", "to", "cost_gt", "has_error", "waiting", "q"];
+const FILTERS = ["status", "agent", "tool", "from", "to", "cost_gt", "has_error", "waiting", "q"];
 const DEFAULT_SORT = "-created_at";
 const COLUMNS_KEY = "controlplane.runs.columns";
 const WAITING_WORDS = { approval: "approval", input: "input", budget: "budget extension" };
@@ -90,7 +90,7 @@ function ensureOption(select, value) {
   if (value && ![...select.options].some((o) => o.value === value)) select.append(el("option", { value, text: value }));
 }
 
-function showState(state) {
+function showState(state, { live = false } = {}) {
   for (const name of ["status", "agent", "has_error", "waiting"]) {
     ensureOption(field(name), state[name]);
     field(name).value = state[name];
@@ -102,12 +102,15 @@ function showState(state) {
     input.value = localInputOf(state[name]);
   }
   field("cost_gt").value = state.cost_gt;
+  // A live refresh must not overwrite a tool name being typed; the search box
+  // applies itself while typed, so what it holds is always the newer.
+  if (!live || document.activeElement !== field("tool")) field("tool").value = state.tool;
   if (document.activeElement !== field("q")) field("q").value = state.q;
 }
 
 function stateFromForm() {
   const state = { sort: stateFromUrl().sort };
-  for (const name of ["status", "agent", "has_error", "waiting", "cost_gt"]) state[name] = field(name).value.trim();
+  for (const name of ["status", "agent", "tool", "has_error", "waiting", "cost_gt"]) state[name] = field(name).value.trim();
   for (const name of ["from", "to"]) {
     const input = field(name);
     // Untouched, the URL's own value stays (the input shows minutes only).
@@ -136,7 +139,7 @@ async function loadAgents() {
 
 async function load({ live = false } = {}) {
   const state = stateFromUrl();
-  showState(state);
+  showState(state, { live });
   const params = new URLSearchParams({ limit: String(limit) });
   for (const name of [...FILTERS, "sort"]) if (state[name]) params.set(name, state[name]);
   const seq = ++loadSeq;
@@ -180,7 +183,7 @@ async function load({ live = false } = {}) {
   }
 }
 
-const LABELS = { status: "Status", agent: "Agent", from: "Created from", to: "Created before", cost_gt: "Cost above",
+const LABELS = { status: "Status", agent: "Agent", tool: "Tool called", from: "Created from", to: "Created before", cost_gt: "Cost above",
   has_error: "Errors", waiting: "Waiting on", q: "Search", sort: "Sort", limit: "Page size", offset: "Page" };
 
 function showError(error) {
@@ -313,6 +316,11 @@ setInterval(() => { if (runs.some((r) => !TERMINAL_RUN.has(r.status))) refresh()
 filters.addEventListener("change", (event) => {
   if (event.target === field("q")) return; // typed: applied by the debounce below
   navigate(stateFromForm());
+});
+// The tool box's clear button fires "search", not "change" (typing and Enter
+// are the form's change and submit).
+field("tool").addEventListener("search", () => {
+  if (!field("tool").value && stateFromUrl().tool) navigate(stateFromForm());
 });
 let typing = null;
 field("q").addEventListener("input", () => {
