@@ -31,8 +31,9 @@ api_docs = csp_update(
 )(SpectacularSwaggerSplitView.as_view(url_name="api-schema"))
 
 urlpatterns = [
-    # The start page is the runs list, served at "/" too (no redirect hop).
-    path("", pages.runs_page, name="home"),
+    # The start page is the overview (where a login without `next` lands), served
+    # at "/" too (no redirect hop); the runs list stays at /runs/.
+    path("", pages.overview_page, name="home"),
     path("healthz", health.healthz, name="healthz"),
     path("metrics", metrics.metrics_view, name="metrics"),
     path("livez", health.livez, name="livez"),

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from playwright.sync_api import expect
 
+from runs.models import Step, ToolCall
 from tests.frontend.test_browser import SCREENSHOTS
 from tests.overview_seed import seed_history
 
@@ -118,6 +119,86 @@ def test_overview_shows_the_tenants_figures_and_clicks_through(
     page.wait_for_url(re.compile(r"/runs/\?"))
     query = _query(page.url)
     assert (query["status"], query["agent"]) == ("failed", "beta")
+
+
+def test_login_lands_on_the_overview_and_a_top_tool_opens_the_runs_that_called_it(
+    tenant: Any, other_tenant: Any, operator_user: Any, make_member: Any,
+    chromium: Any, daphne: Any, transactional_db: Any,
+) -> None:  # fmt: skip
+    seeded = seed_history(tenant, operator_user, with_budget=True)
+    seed_history(other_tenant, make_member(other_tenant, "olga-other", "operator"))
+    # A run that called lookup_order without an error: the tool filter lists
+    # it, the failures link (which adds has_error=1) does not.
+    calm = seeded["runs"][0]
+    step = Step.objects.create(run=calm, index=0, started_at=calm.created_at)
+    ToolCall.objects.create(
+        run=calm, step=step, position=0, call_id="call_calm",
+        tool_name="lookup_order", args={}, args_sha256="0" * 64,
+        idempotency_key="k-calm", status=ToolCall.Status.SUCCEEDED,
+    )  # fmt: skip
+    context = chromium.new_context(
+        base_url=daphne.url, viewport={"width": 1440, "height": 900}
+    )
+    try:
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        # A login without `next` lands on "/", which is the overview.
+        page.goto("/login/")
+        page.get_by_label("Username").fill(operator_user.username)
+        page.get_by_label("Password").fill("pw-" + operator_user.username)
+        page.get_by_role("button", name="Log in").click()
+        page.wait_for_url(f"{daphne.url}/")
+        nav = page.get_by_role("navigation", name="Main")
+        expect(nav.get_by_role("link", name="Overview")).to_have_attribute(
+            "aria-current", "page"
+        )
+        expect(nav.get_by_role("link", name="Runs")).not_to_have_attribute(
+            "aria-current", "page"
+        )
+        expect(page.get_by_role("heading", level=1)).to_contain_text("Overview")
+        expect(page.get_by_test_id("tile-runs")).to_have_text("9runs")
+
+        failures = page.get_by_test_id("tools-by-failures")
+        expect(failures.get_by_role("listitem")).to_have_text(
+            ["lookup_order: 2 failed of 4 calls", "send_refund: 1 failed of 1 calls"]
+        )
+        failures.get_by_role("link", name=re.compile("^lookup_order")).click()
+        page.wait_for_url(re.compile(r"/runs/\?"))
+        query = _query(page.url)
+        assert (query["tool"], query["has_error"]) == ("lookup_order", "1")
+        assert "from" in query and "to" in query
+        rows = page.locator("#runs-body tr[data-run]")
+        previews = rows.locator(".input-preview")
+        expect(previews).to_have_text(["seeded run 4"])
+        expect(rows.locator("td[data-col=agent]")).to_have_text(["beta"])
+        filters = page.locator("#filters")
+        expect(filters.get_by_label("Tool called")).to_have_value("lookup_order")
+        expect(filters.get_by_label("Errors")).to_have_value("1")
+        expect(nav.get_by_role("link", name="Runs")).to_have_attribute(
+            "aria-current", "page"
+        )
+
+        # Without the errors filter: every run of this tenant that called it.
+        filters.get_by_label("Errors").select_option("")
+        expect(previews).to_have_text(["seeded run 4", "seeded run 0"])
+        assert _query(page.url)["tool"] == "lookup_order"
+        # The tool filter is cleared like any other: all nine runs again.
+        filters.get_by_label("Tool called").fill("")
+        filters.get_by_label("Tool called").press("Enter")
+        expect(previews).to_have_count(9)
+        assert "tool" not in _query(page.url)
+
+        # By cost: the runs that called the tool, the dearest first.
+        page.goto("/")
+        by_cost = page.get_by_test_id("tools-by-cost")
+        by_cost.get_by_role("link", name=re.compile("^send_refund")).click()
+        page.wait_for_url(re.compile(r"/runs/\?"))
+        query = _query(page.url)
+        assert (query["tool"], query["sort"]) == ("send_refund", "-cost")
+        expect(previews).to_have_text(["seeded run 4"])
+        expect(filters.get_by_label("Tool called")).to_have_value("send_refund")
+    finally:
+        context.close()
 
 
 def test_budget_page_shows_burn_down_reservations_and_extensions(

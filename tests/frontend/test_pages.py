@@ -82,7 +82,7 @@ def test_audit_log_page_is_for_admins(
     assert b"frontend/audit_page.js" in page.content
 
 
-def test_home_is_the_runs_list_and_the_tenant_switcher_lists_memberships(
+def test_home_is_the_overview_and_the_tenant_switcher_lists_memberships(
     tenant: Any, other_tenant: Any, operator_user: Any
 ) -> None:
     from controlplane.services import membership_set
@@ -90,9 +90,31 @@ def test_home_is_the_runs_list_and_the_tenant_switcher_lists_memberships(
     membership_set(tenant=other_tenant, user=operator_user, role="viewer")
     page = _client(operator_user).get("/")
     assert page.status_code == 200
-    assert b'id="runs-table"' in page.content
+    assert b"frontend/overview_page.js" in page.content
+    assert b'id="runs-table"' not in page.content
+    # The nav marks Overview, and only it, as the page shown.
+    content = page.content.decode()
+    assert 'aria-current="page">Overview</a>' in content
+    assert content.count('aria-current="page"') == 1
     assert b'<label for="tenant-select">Tenant</label>' in page.content
     assert b"Other Co (viewer)" in page.content
+
+
+def test_a_login_without_next_lands_on_the_overview(
+    tenant: Any, operator_user: Any
+) -> None:
+    client = Client()
+    response = client.post(
+        "/login/", {"username": "oscar-operator", "password": "pw-oscar-operator"}
+    )
+    assert response.status_code == 302
+    assert response["Location"] == "/"
+    home = client.get(response["Location"])
+    assert home.status_code == 200
+    assert b"frontend/overview_page.js" in home.content
+    assert b"<title>Overview" in home.content
+    # The runs list keeps its own address.
+    assert b'id="runs-table"' in client.get("/runs/").content
 
 
 def test_a_user_without_a_tenant_is_told_so(db: Any) -> None:
