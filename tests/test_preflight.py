@@ -69,7 +69,9 @@ def test_make_test_runs_the_preflight_before_pytest() -> None:
     )
     commands = proc.stdout.splitlines()
     preflight = commands.index(".venv/bin/python tests/preflight.py")
-    assert commands.index(".venv/bin/python -m pytest") == preflight + 1
+    pytest = next(i for i, c in enumerate(commands) if " -m pytest" in c)
+    assert pytest == preflight + 1
+    assert commands[pytest] == ".venv/bin/python -m pytest -n 2 --dist loadfile"
 
 
 def test_the_readme_gives_the_same_apt_line_next_to_the_two_commands() -> None:

@@ -38,7 +38,11 @@ TENANT_EVENT_PREFIXES = ("run.", "approval.", "step.", "budget.")
 # Span events are built from span rows the store has already redacted.
 SPAN_EVENT_PREFIX = "span."
 
-_APPEND_ATTEMPTS = 20
+# Each lost race is a seq another writer committed, so the log moves on; the
+# bound only stops a writer that is starved outright. A step's writer appends
+# in a tight loop, and under load it took 20 seqs in a row ahead of a
+# decision's one event.
+_APPEND_ATTEMPTS = 200
 
 
 class RunRef(Protocol):

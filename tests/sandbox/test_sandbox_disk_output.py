@@ -191,7 +191,9 @@ def test_output_flood_is_cut_at_the_cap(
 def test_print_over_the_cap(settings: SandboxSettings, workspace: Path) -> None:
     r = run_python(settings, workspace, 'print("x"*200000)', Limits(output_bytes=4096))
     assert (r.ok, r.output_limited, r.stdout_truncated) == (False, True, True)
-    assert r.bytes == {"stdout": 200001, "stderr": 0}
+    # The workload is stopped at the first poll that sees the cap passed: on a
+    # busy machine that may be before it has written everything.
+    assert 4096 < r.bytes["stdout"] <= 200001 and r.bytes["stderr"] == 0
     assert len(r.stdout) == 4096
 
 
