@@ -6,6 +6,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -201,8 +202,13 @@ def test_the_readme_cli_beside_make_run_reaches_its_workers_every_time(tmp_path)
     """A second shell's `manage.py run_agent ... --wait` (no REDIS_URL) finds the
     embedded Redis of the running `manage.py dev`, a worker takes the run from the
     queue (recovery never re-enqueues a lost step), and the approved demo succeeds
-    three times in a row on one database."""
+    three times in a row on one database. The OTLP/gRPC port is taken by another
+    collector: it comes up without its gRPC receiver and says so."""
     port = free_local_port()
+    collector = socket.socket()
+    collector.bind(("127.0.0.1", 0))
+    collector.listen()
+    taken = collector.getsockname()[1]
     environ = {
         k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}
     }
@@ -214,7 +220,7 @@ def test_the_readme_cli_beside_make_run_reaches_its_workers_every_time(tmp_path)
     log = (tmp_path / "dev.log").open("w+")
     launcher = subprocess.Popen(
         [sys.executable, "manage.py", "dev", "--port", str(port),
-         "--otlp-grpc-port", str(free_local_port())],
+         "--otlp-grpc-port", str(taken)],
         cwd=BASE_DIR, env=environ, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     published = BASE_DIR / ".run" / "redis.json"
@@ -229,6 +235,9 @@ def test_the_readme_cli_beside_make_run_reaches_its_workers_every_time(tmp_path)
             assert time.monotonic() < deadline
             time.sleep(0.3)
         assert json.loads(published.read_text())["pid"] == launcher.pid
+        started = (tmp_path / "dev.log").read_text()
+        assert f"OTLP/gRPC: 127.0.0.1:{taken} is in use" in started
+        assert "(gRPC)" not in started and "  otlp | " not in started
         token = subprocess.run(
             [sys.executable, "manage.py", "issue_token",
              "--tenant", "kettlecraft", "--user", "operator"],
@@ -278,6 +287,7 @@ def test_the_readme_cli_beside_make_run_reaches_its_workers_every_time(tmp_path)
     finally:
         launcher.send_signal(signal.SIGTERM)
         launcher.wait(60)
+        collector.close()
     assert not published.exists()  # a stopped launcher leaves no stale URL
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import socket
 import sys
 from typing import Any
 
@@ -17,6 +18,18 @@ from controlplane.demo import (
 from controlplane.embedded_redis import free_local_port
 from controlplane.launcher import Launcher, install_stop_handlers
 from controlplane.models import Tenant
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something already listens on host:port (a bind would fail)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # As the receiver binds: a port left in TIME_WAIT is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 class Command(BaseCommand):
@@ -68,6 +81,15 @@ class Command(BaseCommand):
         logins = describe_logins(seeded)
         extra: list[tuple[str, list[str]]] = []
         grpc_port = options["otlp_grpc_port"]
+        if not options["no_otlp_grpc"] and port_in_use(options["host"], grpc_port):
+            # Often a local OpenTelemetry collector: the product comes up without
+            # its gRPC receiver rather than not at all.
+            self.stderr.write(
+                f"OTLP/gRPC: {options['host']}:{grpc_port} is in use (another "
+                "collector?); starting without the gRPC receiver. OTLP/HTTP is on "
+                "the web port; set OTLP_GRPC_PORT or --otlp-grpc-port to use another."
+            )
+            options["no_otlp_grpc"] = True
         if not options["no_otlp_grpc"]:
             # A command of its own (gRPC is not HTTP/1.1: Daphne cannot serve it).
             argv = [sys.executable, "-m", "django", "otlp_grpc",
