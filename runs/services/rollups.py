@@ -39,7 +39,8 @@ def runs_roll_up(*, batch: int = ROLLUP_BATCH) -> int:
         runs: Counter[tuple[Any, ...]] = Counter()
         costs: defaultdict[tuple[Any, ...], Decimal] = defaultdict(Decimal)
         durations: Counter[tuple[Any, ...]] = Counter()
-        marks: list[Run] = []
+        # Runs by the histogram bucket the rollups now hold for them.
+        marks: defaultdict[int | None, list[Any]] = defaultdict(list)
         first_held: dict[Any, tuple[Any, Any]] = {}
         for row in rows:
             share = RunShare.of(row)
@@ -53,15 +54,7 @@ def runs_roll_up(*, batch: int = ROLLUP_BATCH) -> int:
                     durations[(key[0], counted.hour, counted.duration)] += sign
             if not row["rollup_status"]:
                 first_held[row["id"]] = (row["tenant_id"], share.hour)
-            marks.append(
-                Run(
-                    id=row["id"],
-                    rollup_pending=False,
-                    rollup_status=share.status,
-                    rollup_cost=share.cost,
-                    rollup_duration=share.duration,
-                )
-            )
+            marks[share.duration].append(row["id"])
         for (tenant_id, hour, agent_id, status), count in runs.items():
             _bump(
                 RunHourRollup,
@@ -84,11 +77,14 @@ def runs_roll_up(*, batch: int = ROLLUP_BATCH) -> int:
                 {"tenant_id": tenant_id, "hour": hour, "tool_name": tools.tool},
                 calls=tools.calls, failed=tools.failed, cost=tools.cost,
             )  # fmt: skip
-        Run.objects.bulk_update(
-            marks,
-            ["rollup_pending", "rollup_status", "rollup_cost", "rollup_duration"],
-            batch_size=500,
-        )
+        # The rows are locked: their status and cost are what was counted.
+        for duration, ids in marks.items():
+            Run.objects.filter(pk__in=ids).update(
+                rollup_pending=False,
+                rollup_status=models.F("status"),
+                rollup_cost=models.F("cost"),
+                rollup_duration=duration,
+            )
     return len(rows)
 
 
