@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, FloatField, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import (
+    Count,
+    F,
+    FloatField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 
@@ -34,7 +43,7 @@ from runs.models import (
     ToolCall,
     ToolHourRollup,
 )
-from runs.time_buckets import bucket_key
+from runs.time_buckets import BucketKey, bucket_key
 
 BUCKETS_PER_DOUBLING = 8
 TOOL_FAILURES = (ToolCall.Status.FAILED, ToolCall.Status.UNKNOWN)
@@ -257,14 +266,31 @@ def run_figures(
         )  # fmt: skip
         return figures
     whole = {"tenant": tenant, "hour__gte": first, "hour__lt": last}
-    for hour, agent_id, status, count, cost in RunHourRollup.objects.filter(
-        **whole
-    ).values_list("hour", "agent_id", "status", "runs", "cost"):
-        figures.add_runs(RunShare(hour, agent_id, status, cost, None), count, cost)
-    for hour, bucket, count in RunDurationRollup.objects.filter(**whole).values_list(
-        "hour", "bucket", "runs"
+    # The database sums the rollups per bucket, agent and tool: a month is a
+    # few hundred rows to read, not ~60,000.
+    at = BucketKey(F("hour"), step)
+    held = RunHourRollup.objects.filter(**whole).order_by()
+    for key, status, count in (
+        held.annotate(at=at).values_list("at", "status").annotate(n=Sum("runs"))
     ):
-        figures.durations[bucket_key(hour, step)][bucket] += count
+        figures.runs[(key, status)] += count
+    for agent_id, count, cost, failed in held.values_list("agent_id").annotate(
+        n=Sum("runs"),
+        cost=Sum("cost"),
+        failed=Sum("runs", filter=Q(status=Run.Status.FAILED)),
+    ):
+        agent = figures.agents[agent_id]
+        agent.runs += count
+        agent.cost += cost
+        agent.failed += failed or 0
+    for key, bucket, count in (
+        RunDurationRollup.objects.filter(**whole)
+        .order_by()
+        .annotate(at=at)
+        .values_list("at", "bucket")
+        .annotate(n=Sum("runs"))
+    ):
+        figures.durations[key][bucket] += count
     for tool, calls, failed, cost in (
         ToolHourRollup.objects.filter(**whole)
         .order_by()
