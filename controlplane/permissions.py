@@ -68,6 +68,10 @@ class Action(StrEnum):
     # every member's API tokens (list, issue for them, revoke).
     MEMBER_MANAGE = "member.manage"
     TOKEN_MANAGE_ANY = "token.manage_any"
+    # Evaluation suites and cases: every member reads them; operators and
+    # admins write them (they are test data, not configuration that runs).
+    EVAL_READ = "eval.read"
+    EVAL_WRITE = "eval.write"
 
 
 _READ = frozenset(
@@ -82,6 +86,7 @@ _READ = frozenset(
         Action.SECRET_READ,
         Action.TENANT_READ,
         Action.TOKEN_MANAGE,
+        Action.EVAL_READ,
     }
 )
 
@@ -94,6 +99,7 @@ MATRIX: dict[str, frozenset[Action]] = {
         Action.APPROVAL_DECIDE,
         Action.TRACE_INGEST,
         Action.GATE_REQUEST,
+        Action.EVAL_WRITE,
     },
     Role.VIEWER: _READ,
 }

@@ -10,10 +10,15 @@ from django.db import models
 
 from controlplane.models import Tenant
 from runs.engine.stop import TERMINAL_STATUSES
+from runs.eval_models import EvalCase, EvalRun, EvalSuite, EvalTrial
 
 __all__ = [
     "Agent",
     "AgentVersion",
+    "EvalCase",
+    "EvalRun",
+    "EvalSuite",
+    "EvalTrial",
     "McpServer",
     "McpTool",
     "ModelEndpoint",

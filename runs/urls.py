@@ -6,6 +6,7 @@ from runs import (
     approvals_api,
     budget_api,
     data_api,
+    evals_api,
     gates_api,
     mcp_api,
     overview_api,
@@ -14,6 +15,32 @@ from runs import (
 )
 
 urlpatterns = [
+    path("evals/suites/", evals_api.EvalSuiteListApi.as_view(), name="api-eval-suites"),
+    path(
+        "evals/suites/import/",
+        evals_api.EvalSuiteImportApi.as_view(),
+        name="api-eval-suite-import",
+    ),
+    path(
+        "evals/suites/<slug:slug>/",
+        evals_api.EvalSuiteDetailApi.as_view(),
+        name="api-eval-suite",
+    ),
+    path(
+        "evals/suites/<slug:slug>/export/",
+        evals_api.EvalSuiteExportApi.as_view(),
+        name="api-eval-suite-export",
+    ),
+    path(
+        "evals/suites/<slug:slug>/cases/",
+        evals_api.EvalCaseListApi.as_view(),
+        name="api-eval-cases",
+    ),
+    path(
+        "evals/suites/<slug:slug>/cases/<slug:case_slug>/",
+        evals_api.EvalCaseDetailApi.as_view(),
+        name="api-eval-case",
+    ),
     path("gates/", gates_api.GateListApi.as_view(), name="api-gates"),
     path("gates/<uuid:gate_id>/", gates_api.gate_detail, name="api-gate"),
     path("agents/", agents_api.AgentListApi.as_view(), name="api-agents"),

@@ -15,7 +15,7 @@ from controlplane.models import ApiToken, Membership, Role
 from controlplane.permissions import MATRIX, Action, role_may
 from controlplane.secrets import secret_exists, secret_set
 from controlplane.services import api_token_issue, api_token_revoke
-from runs.models import ExternalGate, McpServer, ModelEndpoint, Run
+from runs.models import EvalSuite, ExternalGate, McpServer, ModelEndpoint, Run
 from runs.services import run_cancel, run_start
 from tests.runs import conftest as runs_fixtures
 
@@ -46,6 +46,8 @@ EXPECTED = {
     Action.TOKEN_MANAGE:      (True,  True,  True),
     Action.MEMBER_MANAGE:     (True,  False, False),
     Action.TOKEN_MANAGE_ANY:  (True,  False, False),
+    Action.EVAL_READ:         (True,  True,  True),
+    Action.EVAL_WRITE:        (True,  True,  False),
 }  # fmt: skip
 demo_agent = runs_fixtures.demo_agent
 shop = runs_fixtures.shop
@@ -228,6 +230,16 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
         response = api.post("/api/v1/tokens/", body, format="json")
         issued = ApiToken.objects.filter(user=other.user).exists()
         assert issued == (response.status_code == 201)
+    elif action is Action.EVAL_READ:
+        response = api.get("/api/v1/evals/suites/")
+    elif action is Action.EVAL_WRITE:
+        body = {"slug": "smoke", "name": "Smoke", "cases": [{
+            "slug": "one", "input": "hi",
+            "graders": [{"kind": "final_answer_regex", "pattern": "hi"}]}]}  # fmt: skip
+        response = api.post("/api/v1/evals/suites/", body, format="json")
+        assert EvalSuite.objects.filter(tenant=tenant).exists() == (
+            response.status_code == 201
+        )
     else:  # pragma: no cover - STREAM_READ has its own async test
         raise AssertionError(action)
     assert response.status_code in (200, 201, 204, 403), response.content
