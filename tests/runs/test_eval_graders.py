@@ -50,10 +50,12 @@ def test_code_graders_pass_an_approved_demo_run_and_say_why(
     run = _demo_run(demo_agent, operator_user, drive_run, approve=True)
     verdict = _grade(
         run,
-        {"kind": "must_call", "tool": "get_delivery_date", "args": {"order_id": "4821"}},
+        {"kind": "must_call", "tool": "get_delivery_date",
+         "args": {"order_id": "4821"}},
         {"kind": "must_call", "tool": "create_replacement", "status": "succeeded"},
         {"kind": "must_not_call", "tool": "refund"},
-        {"kind": "args", "tool": "lookup_order", "path": "$.order_id", "equals": "4821"},
+        {"kind": "args", "tool": "lookup_order", "path": "$.order_id",
+         "equals": "4821"},
         {"kind": "args", "tool": "create_replacement",
          "schema": {"type": "object", "required": ["reason"]}},
         {"kind": "final_answer_regex", "pattern": "replacement kettle"},
@@ -64,7 +66,10 @@ def test_code_graders_pass_an_approved_demo_run_and_say_why(
     )  # fmt: skip
     assert [r.passed for r in verdict.results] == [True] * 9, verdict.results
     assert verdict.passed and not verdict.error
-    assert verdict.results[0].reason == 'called get_delivery_date with {"order_id": "4821"} (1x)'
+    assert (
+        verdict.results[0].reason
+        == 'called get_delivery_date with {"order_id": "4821"} (1x)'
+    )
     assert verdict.results[7].reason == "1 replacements for order 4821, as expected"
 
 
@@ -122,8 +127,9 @@ def test_final_answer_json_graders_read_paths_of_a_json_answer(
 def _judge(tenant: Any, base_url: str) -> dict[str, Any]:
     endpoint = endpoint_for(tenant, kind="openai", base_url=base_url,
                             options={"max_retries": 0}, slug="judge")  # fmt: skip
-    return {"kind": "llm_judge", "rubric": "apologizes; gives a clear next step; "
-            "mentions no internal names", "endpoint": endpoint.slug, "model": "judge"}  # fmt: skip
+    rubric = "apologizes; gives a clear next step; mentions no internal names"
+    return {"kind": "llm_judge", "rubric": rubric, "endpoint": endpoint.slug,
+            "model": "judge"}  # fmt: skip
 
 
 def test_the_llm_judge_asks_a_real_endpoint_with_the_rubric_and_the_trace(
@@ -211,7 +217,9 @@ def test_a_grader_definition_with_an_unknown_kind_or_key_is_refused_by_name():
             {"kind": "final_answer_regex", "pattern": "("},
         ]})  # fmt: skip
     fields = refused.value.fields
-    assert fields["graders[0].tol"] == ["unknown key; allowed: kind, tool, args, status"]
+    assert fields["graders[0].tol"] == [
+        "unknown key; allowed: kind, tool, args, status"
+    ]
     assert fields["graders[1].kind"][0].startswith("unknown grader kind 'vibes'")
     assert fields["graders[2].path"][0].startswith("'a..b' is not a path")
     assert fields["graders[2]"] == ["needs exactly one of: equals, schema"]
