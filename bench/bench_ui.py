@@ -431,6 +431,9 @@ def _report(r: dict[str, Any]) -> None:
         row(f"search ({what}): p50 / max of {len(times)}",
             f"{percentile(times, 50):.0f}/{max(times):.0f} ms", "max < 150 ms",
             max(times) < 150)  # fmt: skip
+        slowest = max(range(len(times)), key=times.__getitem__)
+        print(f"    each, ms: {', '.join(f'{t:.0f}' for t in times)}; slowest "
+              f"{QUERIES[slowest % len(QUERIES)]!r}")  # fmt: skip
     row("tree rows in DOM (max, scrolling)", str(r["rows_max_scroll"]), "< 2000",
         r["rows_max_scroll"] < 2000)  # fmt: skip
     row("DOM nodes (whole page)", str(r["dom_nodes"]), "", None)
