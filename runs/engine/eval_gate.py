@@ -39,6 +39,7 @@ _TOKEN = re.compile(
     r"|(?P<and>and)(?!\w)",
     re.IGNORECASE,
 )
+_ARTICLE = {"metric": "a metric", "operator": "an operator", "number": "a number"}
 _BAD_TOKEN = re.compile(r"[<>=!]+|[^\s<>=!]+")
 
 
@@ -95,14 +96,14 @@ def parse_gate(expression: str) -> Gate:
             if position >= len(tokens):
                 after = f" after {parts[-1]!r}" if parts else ""
                 raise ValueError(
-                    f"gate {expression!r}: expected a {kind}{after} but the "
+                    f"gate {expression!r}: expected {_ARTICLE[kind]}{after} but the "
                     f"expression ended; {ALLOWED}"
                 )
             token_kind, text, offset = tokens[position]
             if token_kind != kind:
                 raise ValueError(
-                    f"gate {expression!r}: expected a {kind} at position {offset} "
-                    f"but found {text!r}; {ALLOWED}"
+                    f"gate {expression!r}: expected {_ARTICLE[kind]} at position "
+                    f"{offset} but found {text!r}; {ALLOWED}"
                 )
             parts.append(text)
             position += 1
