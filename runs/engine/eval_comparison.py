@@ -115,9 +115,12 @@ def compare_suites(
     z_value(confidence)  # validates before any work
     power_z = _power_z(power)
     k = min(before.k, after.k) if k is None else k
-    after_ids = {case.case_id for case in after.cases}
+    after_by_id = {case.case_id: case for case in after.cases}
+    after_ids = after_by_id.keys()
     before_ids = {case.case_id for case in before.cases}
-    pairs = [(b, after.case(b.case_id)) for b in before.cases if b.case_id in after_ids]
+    pairs = [
+        (b, after_by_id[b.case_id]) for b in before.cases if b.case_id in after_ids
+    ]
     if not pairs:
         raise ValueError("the two eval runs have no case in common")
     for b, a in pairs:
