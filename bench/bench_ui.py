@@ -185,7 +185,7 @@ SEARCH = """async (q) => {
   await new Promise((done) => { const check = () => /^1 of /.test(status.textContent)
     ? done() : requestAnimationFrame(check); check(); });
   await new Promise((done) => requestAnimationFrame(() => setTimeout(done, 0)));
-  return {ms: performance.now() - began, status: status.textContent,
+  return {ms: performance.now() - began, found: window.cpSearchMs, status: status.textContent,
     hit: document.querySelector('.trow.hit-current .label')?.textContent};
 }"""
 # Rare (one span, by an attribute's value), common (one per step, by name), status.
@@ -201,6 +201,8 @@ def _searches(page: Any) -> list[float]:
             )
             out = page.evaluate(SEARCH, query)
             assert out["hit"], f"no hit drawn for {query!r}: {out}"
+            if os.environ.get("BENCH_UI_SEARCH_DETAIL"):
+                print(f"    {query!r}: {out['ms']:.0f} ms, found after {out['found']:.0f}")
             times.append(out["ms"])
     return times
 
