@@ -6,6 +6,7 @@ from runs import (
     approvals_api,
     budget_api,
     data_api,
+    diff_api,
     evals_api,
     gates_api,
     mcp_api,
@@ -93,6 +94,11 @@ urlpatterns = [
     path("overview/", overview_api.OverviewApi.as_view(), name="api-overview"),
     path("runs/", api.RunListApi.as_view(), name="api-runs"),
     path("runs/<str:run_id>/", api.RunDetailApi.as_view(), name="api-run"),
+    path(
+        "runs/<str:run_id>/diff/<str:other_id>/",
+        diff_api.RunDiffApi.as_view(),
+        name="api-run-diff",
+    ),
     path(
         "runs/<str:run_id>/cancel/", api.RunCancelApi.as_view(), name="api-run-cancel"
     ),
