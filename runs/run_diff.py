@@ -184,6 +184,16 @@ def _span_ms(span: Span) -> float | None:
     return (span.ended_at - span.started_at).total_seconds() * 1000
 
 
+def _span_call_status(span: Span) -> str:
+    """A tool span's status in the tool call's words, so an ingested call and a
+    native one that both worked compare equal."""
+    if span.status in (Span.Status.ERROR, Span.Status.ABANDONED):
+        return "failed"
+    if span.ended_at is None or span.status == Span.Status.RUNNING:
+        return "executing"
+    return "succeeded"
+
+
 def _operation(span: Span) -> str:
     a = span.attributes
     return str(a.get("gen_ai.operation.name") or a.get("openinference.span.kind") or "")
@@ -219,7 +229,7 @@ def _external_steps(run: Run) -> list[RunStep]:
                 arguments=redact(
                     _decoded(data.get("gen_ai.tool.call.arguments")) or {}
                 ),
-                status="failed" if tool.status == Span.Status.ERROR else tool.status,
+                status=_span_call_status(tool),
                 observation=_short(
                     redact_text(
                         _message_text(_decoded(data.get("gen_ai.tool.call.result")))
