@@ -6,6 +6,11 @@ urlpatterns = [
     path("overview/", views.overview_page, name="ui-overview"),
     path("runs/", views.runs_page, name="ui-runs"),
     path("runs/<str:run_id>/", views.run_page, name="ui-run"),
+    path(
+        "runs/<str:run_id>/diff/<str:other_id>/",
+        views.run_diff_page,
+        name="ui-run-diff",
+    ),
     path("approvals/", views.approvals_page, name="ui-approvals"),
     path("budget/", views.budget_page, name="ui-budget"),
     path("audit/", views.audit_page, name="ui-audit"),

@@ -138,6 +138,26 @@ def run_page(request: HttpRequest, context: TenantContext, run_id: str) -> HttpR
     return _page(request, "frontend/run.html", context, "runs", extra)
 
 
+@page_gate(Action.RUN_READ, "runs")
+def run_diff_page(
+    request: HttpRequest, context: TenantContext, run_id: str, other_id: str
+) -> HttpResponse:
+    """Two runs side by side, steps aligned by meaning (runs/run_diff.py)."""
+    for side, key in (("left", run_id), ("right", other_id)):
+        if run_selectors.run_for_tenant(tenant=context.tenant, run_id=key) is None:
+            return _not_found(
+                request,
+                context,
+                "runs",
+                "Run not found",
+                f"There is no run {key[:40]} in {context.tenant.name} (the {side} "
+                "run of the comparison). The link may be mistyped, or the run "
+                "belongs to another tenant.",
+            )
+    extra = {"run_id": run_id, "other_id": other_id}
+    return _page(request, "frontend/run_diff.html", context, "runs", extra)
+
+
 @page_gate(Action.PAGE_READ, "approvals")
 def approvals_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
     """Every pending approval of the tenant, oldest first; and those decided."""
