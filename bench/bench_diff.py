@@ -28,7 +28,7 @@ def _replies(steps: int, rng: random.Random) -> list[Any]:
 
     replies = [
         Reply(f"step {i}", [Call(rng.choice(TOOLS), {"order_id": str(4000 + i % 97)},
-                                 observation='{"ok":true,"data":{"n":%d}}' % i)])
+                                 observation=f'{{"ok":true,"data":{{"n":{i}}}}}')])
         for i in range(steps - 1)
     ]  # fmt: skip
     replies.append(Reply("A replacement is on its way."))
@@ -126,7 +126,8 @@ def main() -> None:
     print(f"aligned pairs: {r['pairs']:,}; first divergence at pair {r['first']}")
     print("API GET /api/v1/runs/<a>/diff/<b>/ (in the browser), ms: "
           + ", ".join(f"{v:.0f}" for v in r["api_ms"])
-          + f"; median {api:.0f} (target < 1000) " + ("OK" if api < 1000 else "OVER"))  # fmt: skip
+          + f"; median {api:.0f} (target < 1000) "
+          + ("OK" if api < 1000 else "OVER"))  # fmt: skip
     render = sorted(r["render_ms"])[1]
     print("rendered (navigation -> pairs drawn, divergence scrolled to), ms: "
           + ", ".join(f"{v:.0f}" for v in r["render_ms"])

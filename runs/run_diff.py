@@ -69,8 +69,12 @@ def _native_kind(action: dict[str, Any]) -> StepKind:
 
 
 def _native_steps(run: Run) -> list[RunStep]:
-    rows = Step.objects.filter(run=run).order_by("index").prefetch_related(
-        Prefetch("tool_calls", queryset=ToolCall.objects.order_by("position"))
+    rows = (
+        Step.objects.filter(run=run)
+        .order_by("index")
+        .prefetch_related(
+            Prefetch("tool_calls", queryset=ToolCall.objects.order_by("position"))
+        )
     )
     steps: list[RunStep] = []
     delta: tuple[str, ...] = (_short("user: " + redact_text(run.input)),)
@@ -240,8 +244,8 @@ def _external_steps(run: Run) -> list[RunStep]:
             )
             for tool, data in group.tools
         )
-        span = group.span
-        attrs = span.attributes if span else {}
+        chat = group.span
+        attrs = chat.attributes if chat else {}
         inputs = _messages(_decoded(group.payloads.get("gen_ai.input.messages")))
         outputs = _messages(_decoded(group.payloads.get("gen_ai.output.messages")))
         # The conversation grows: what is new is what the previous call lacked.
@@ -268,7 +272,7 @@ def _external_steps(run: Run) -> list[RunStep]:
                 input_tokens=_number(attrs.get("gen_ai.usage.input_tokens")),
                 output_tokens=_number(attrs.get("gen_ai.usage.output_tokens")),
                 cost=_cost(attrs.get("cp.usage.cost")),
-                latency_ms=_span_ms(span) if span else None,
+                latency_ms=_span_ms(chat) if chat else None,
                 input_delta=tuple(
                     _short(f"{_role(m)}: {redact_text(_message_text(m))}")
                     for m in fresh[-5:]
@@ -331,8 +335,7 @@ def _pair(pair: StepPair) -> dict[str, Any]:
         "right": _step(right),
         "input_differs": not same_input,
         "argument_changes": [
-            [_change(change) for change in changes]
-            for changes in pair.argument_changes
+            [_change(change) for change in changes] for changes in pair.argument_changes
         ],
     }
 

@@ -38,23 +38,37 @@ def demo_replies(*, order_id: str = "4821", replace: bool = True) -> list[Reply]
     replies = [
         Reply(
             "Let me look up the order.",
-            [Call("lookup_order", {"order_id": order_id},
-                  observation='{"ok":true,"data":{"status":"delivered"}}')],
+            [
+                Call(
+                    "lookup_order",
+                    {"order_id": order_id},
+                    observation='{"ok":true,"data":{"status":"delivered"}}',
+                )
+            ],
         ),  # fmt: skip
     ]
     if replace:
         replies.append(
             Reply(
                 "The kettle is damaged; I'll ship a replacement.",
-                [Call("create_replacement",
-                      {"order_id": order_id, "reason": "arrived with a dented spout"})],
+                [
+                    Call(
+                        "create_replacement",
+                        {"order_id": order_id, "reason": "arrived with a dented spout"},
+                    )
+                ],
             )  # fmt: skip
         )
     replies.append(
         Reply(
             "",
-            [Call("get_delivery_date", {"order_id": order_id},
-                  observation='{"ok":true,"data":{"delivery_date":"2026-03-02"}}')],
+            [
+                Call(
+                    "get_delivery_date",
+                    {"order_id": order_id},
+                    observation='{"ok":true,"data":{"delivery_date":"2026-03-02"}}',
+                )
+            ],
         )  # fmt: skip
     )
     replies.append(

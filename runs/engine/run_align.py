@@ -187,9 +187,9 @@ def _compare(left: RunStep, right: RunStep) -> StepPair:
             reasons.append(f"{label} {a.status} here, {b.status} there")
         elif a.observation != b.observation:
             reasons.append(f"{label} observation differs")
-    if left.kind == "final_answer" and right.kind == "final_answer":
-        if left.text != right.text:
-            reasons.append("final answer differs")
+    both_answer = left.kind == right.kind == "final_answer"
+    if both_answer and left.text != right.text:
+        reasons.append("final answer differs")
     if reasons:
         return StepPair("changed", left, right, tuple(reasons), tuple(changes))
     return StepPair("same", left, right, (), tuple(changes))
@@ -222,7 +222,9 @@ def _refine(left: Sequence[RunStep], right: Sequence[RunStep]) -> list[StepPair]
     pairs: list[StepPair] = []
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
         if op == "equal":
-            pairs += [_compare(a, b) for a, b in zip(left[i1:i2], right[j1:j2])]
+            pairs += [
+                _compare(a, b) for a, b in zip(left[i1:i2], right[j1:j2], strict=True)
+            ]
         else:
             pairs += _unmatched(left[i1:i2], right[j1:j2])
     return pairs
@@ -243,7 +245,7 @@ def align_runs(left: Sequence[RunStep], right: Sequence[RunStep]) -> Alignment:
         tail += 1
     alignment = Alignment()
     pairs = alignment.pairs
-    pairs += [_compare(a, b) for a, b in zip(left[:head], right[:head])]
+    pairs += [_compare(a, b) for a, b in zip(left[:head], right[:head], strict=True)]
     middle_left = left[head : len(left) - tail]
     middle_right = right[head : len(right) - tail]
     matcher = SequenceMatcher(
@@ -256,7 +258,7 @@ def align_runs(left: Sequence[RunStep], right: Sequence[RunStep]) -> Alignment:
         if op == "equal":
             pairs += [
                 _compare(a, b)
-                for a, b in zip(middle_left[i1:i2], middle_right[j1:j2])
+                for a, b in zip(middle_left[i1:i2], middle_right[j1:j2], strict=True)
             ]
         elif op == "replace":
             pairs += _refine(middle_left[i1:i2], middle_right[j1:j2])
@@ -264,6 +266,8 @@ def align_runs(left: Sequence[RunStep], right: Sequence[RunStep]) -> Alignment:
             pairs += _unmatched(middle_left[i1:i2], middle_right[j1:j2])
     pairs += [
         _compare(a, b)
-        for a, b in zip(left[len(left) - tail :], right[len(right) - tail :])
+        for a, b in zip(
+            left[len(left) - tail :], right[len(right) - tail :], strict=True
+        )
     ]
     return alignment

@@ -9,7 +9,9 @@ from runs.engine.run_align import RunStep, StepAction, align_runs, json_changes
 
 
 def call(tool: str, status: str = "succeeded", obs: str = "ok", **args: Any) -> RunStep:
-    return RunStep(index=0, kind="tool_calls", calls=(StepAction(tool, args, status, obs),))
+    return RunStep(
+        index=0, kind="tool_calls", calls=(StepAction(tool, args, status, obs),)
+    )
 
 
 def answer(text: str) -> RunStep:

@@ -26,7 +26,9 @@ SCREENSHOTS = Path(
 
 
 @pytest.fixture
-def demo_runs(tenant: Any, operator_user: Any, transactional_db: Any) -> tuple[Any, Any]:
+def demo_runs(
+    tenant: Any, operator_user: Any, transactional_db: Any
+) -> tuple[Any, Any]:
     demo_seed_shop(tenant=tenant)
     agent = Agent.objects.get(tenant=tenant, slug="kettlecraft-support")
     good = seed_recorded_run(agent, demo_replies(), started_by=operator_user)

@@ -61,7 +61,9 @@ def test_two_demo_runs_align_by_meaning_with_the_first_divergence(
     assert body["totals_delta"]["steps"] == -1
     assert body["totals_delta"]["tool_calls"] == -1
     assert body["totals_delta"]["input_tokens"] == -400
-    assert body["left"]["totals"]["steps"] == 4 and body["right"]["totals"]["steps"] == 3
+    assert (
+        body["left"]["totals"]["steps"] == 4 and body["right"]["totals"]["steps"] == 3
+    )
     # The model input delta: step 1 read the lookup's result, step 0 the input.
     assert lookup["left"]["input_delta"] == [
         "user: Order #4821 arrived with a dented spout."
