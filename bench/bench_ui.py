@@ -185,8 +185,9 @@ SEARCH = """async (q) => {
   await new Promise((done) => { const check = () => /^1 of /.test(status.textContent)
     ? done() : requestAnimationFrame(check); check(); });
   await new Promise((done) => requestAnimationFrame(() => setTimeout(done, 0)));
-  return {ms: performance.now() - began, found: window.cpSearchMs, status: status.textContent,
-    hit: document.querySelector('.trow.hit-current .label')?.textContent};
+  const hit = document.querySelector('.trow.hit-current .label')?.textContent;
+  return {ms: performance.now() - began, found: window.cpSearchMs,
+    status: status.textContent, hit};
 }"""
 # Rare (one span, by an attribute's value), common (one per step, by name), status.
 QUERIES = ["call_137_5", "call_42_17", "lookup_order #97", "lookup_order #3", "error"]
@@ -202,7 +203,9 @@ def _searches(page: Any) -> list[float]:
             out = page.evaluate(SEARCH, query)
             assert out["hit"], f"no hit drawn for {query!r}: {out}"
             if os.environ.get("BENCH_UI_SEARCH_DETAIL"):
-                print(f"    {query!r}: {out['ms']:.0f} ms, found after {out['found']:.0f}")
+                print(
+                    f"    {query!r}: {out['ms']:.0f} ms, found after {out['found']:.0f}"
+                )
             times.append(out["ms"])
     return times
 
