@@ -39,6 +39,7 @@ DECISIONS = ("approve", "deny", "edit")
 
 SUITE_KEYS = ("slug", "name", "description", "agent", "cases")
 CASE_KEYS = ("slug", "input", "world", "approvals", "graders")
+APPROVAL_KEYS = ("tool", "decision", "reason", "args")
 
 
 class DefinitionError(ValueError):
@@ -256,7 +257,7 @@ def _check_approval(value: Any, path: str, problems: Problems) -> None:
     data = _object(value, path, problems)
     if data is None:
         return
-    _unknown_keys(data, ("tool", "decision", "reason", "args"), path, problems)
+    _unknown_keys(data, APPROVAL_KEYS, path, problems)
     _text(data, "tool", path, problems, limit=200)
     decision = data.get("decision")
     if decision not in DECISIONS:

@@ -22,6 +22,7 @@ from playwright.sync_api import expect
 from approvals.models import ApprovalRequest
 from controlplane.members import member_create
 from frontend import urls as frontend_urls
+from runs.services import run_start
 from tests.frontend.test_browser import shop, waiting_run
 
 __all__ = ["shop"]
@@ -86,7 +87,17 @@ def test_axe_finds_no_serious_violation_on_any_page(
         if found:
             failures[where] = found
 
-    for path in page_paths({"run_id": str(run.id), "agent_id": str(agent.id)}):
+    # A second run for the run diff page: queued, nothing to compare yet.
+    other = run_start(
+        tenant=shop, agent_slug="kettlecraft-support", input="Where is order 4821?",
+        started_by=operator_user,
+    )  # fmt: skip
+    values = {
+        "run_id": str(run.id),
+        "agent_id": str(agent.id),
+        "other_id": str(other.id),
+    }
+    for path in page_paths(values):
         page.goto(path)
         page.wait_for_load_state("networkidle")
         check(path)
