@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 
 from celery import shared_task
@@ -15,6 +16,7 @@ from controlplane.celery import worker_identity
 from controlplane.failpoints import failpoint
 from runs.services import DatabaseLost, recover_stalled_runs, run_advance
 from runs.services.decide import approvals_expire
+from runs.services.eval_runs import eval_runs_sweep, eval_trial_after_step
 from runs.services.gate_webhooks import gate_webhook_deliver, gate_webhooks_due
 from runs.services.mcp import mcp_stdio_listing_reply
 from runs.services.retention import retention_sweep
@@ -22,6 +24,8 @@ from runs.services.rollups import runs_roll_up_all
 from runs.spans import spans_end_of_finished_runs
 from tracing.ingest import log_messages_expire
 from tracing.store import spans_abandon_expired
+
+logger = logging.getLogger(__name__)
 
 
 @worker_process_init.connect
@@ -69,7 +73,21 @@ def advance_run_task(  # type: ignore[no-untyped-def]
             exc=exc, countdown=countdown, max_retries=DATABASE_RETRIES
         ) from exc
     metrics.step_observed(outcome=outcome, seconds=time.monotonic() - started)
+    if outcome in ("finished", "waiting"):
+        # An eval trial's approvals are decided by its case and its end graded
+        # now, not at the next sweep. The step is committed: a failure here is
+        # logged and left to the sweep, never a retry of the step.
+        try:
+            eval_trial_after_step(run_id=run_id)
+        except Exception:
+            logger.exception("run %s: eval trial follow-up failed", run_id)
     return outcome
+
+
+@shared_task
+def eval_runs_sweep_task() -> int:
+    """Move on eval trials whose run ended or waits outside a step task."""
+    return eval_runs_sweep()
 
 
 @shared_task

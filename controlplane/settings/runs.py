@@ -85,6 +85,17 @@ CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
     "task": "runs.tasks.recover_stalled_runs_task",
     "schedule": RUN_RECOVERY_INTERVAL_SECONDS,
 }
+EVAL_SWEEP_INTERVAL_SECONDS = env.number(
+    "EVAL_SWEEP_INTERVAL_SECONDS",
+    10.0,
+    minimum=1.0,
+    help="How often beat grades eval trials whose run ended outside a step "
+    "(a cancel, an expired approval) and finishes eval runs that are done.",
+)
+CELERY_BEAT_SCHEDULE["runs-eval-sweep"] = {
+    "task": "runs.tasks.eval_runs_sweep_task",
+    "schedule": EVAL_SWEEP_INTERVAL_SECONDS,
+}
 DEMO_SEEDERS.append("runs.demo.demo_seed_shop")
 DEMO_API_SEEDERS.append("runs.demo_warranty.demo_seed_warranty_agent")
 METRICS_COLLECTORS.append("runs.metrics.run_gauges")

@@ -27,7 +27,7 @@ from controlplane.services import audit_record
 from runs.engine.loop import AgentConfig, EngineState
 from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason
-from runs.models import Agent, Run, ToolCall
+from runs.models import Agent, AgentVersion, Run, ToolCall
 from runs.runtime import effective_limits
 from runs.services.admission import budget_admit_run, run_slot_claim, runs_start_queued
 from runs.services.dispatch import step_enqueue
@@ -59,7 +59,10 @@ def run_start(
     input: str,
     started_by: User | None,
     limits: dict[str, Any] | None = None,
+    version: AgentVersion | None = None,
 ) -> Run:
+    """Start a run of the agent's current version, or of `version` (one of its
+    versions: an eval run tries a version that need not be the current one)."""
     agent = (
         Agent.objects.filter(tenant=tenant, slug=agent_slug, deleted_at__isnull=True)
         .select_related("current_version")
@@ -71,7 +74,11 @@ def run_start(
         raise RunInputError(
             "agent", f"agent {agent_slug!r} is disabled; an admin may enable it"
         )
-    version = agent.current_version
+    if version is not None and version.agent_id != agent.id:
+        raise RunInputError(
+            "version", f"version {version.number} is not a version of {agent_slug!r}"
+        )
+    version = version or agent.current_version
     if version is None:
         raise RunInputError(
             "agent",
