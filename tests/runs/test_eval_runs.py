@@ -5,9 +5,13 @@ Refused starts write nothing."""
 
 from __future__ import annotations
 
+import io
+import uuid
+import xml.etree.ElementTree as ET
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from approvals.models import ApprovalRequest
 from runs.models import EvalRun, EvalTrial, Run
@@ -146,3 +150,102 @@ def test_an_unknown_version_is_refused(demo_agent, operator_user):
                        user=operator_user)  # fmt: skip
     assert "no version 99" in refused.value.problems["version"][0]
     assert not EvalRun.objects.exists() and not Run.objects.exists()
+
+
+def _eval_cli(*args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    try:
+        call_command("eval", "run", *args, stdout=out)
+    except SystemExit as exited:
+        return int(exited.code or 0), out.getvalue()
+    return 0, out.getvalue()
+
+
+def test_the_cli_gate_exits_0_when_met_and_1_when_not_and_writes_junit(
+    demo_agent, operator_user, celery_worker_process, tmp_path
+):
+    _suite(demo_agent.tenant, operator_user, APPROVED, DENIED)
+    common = ("kettle", "--agent", f"{demo_agent.slug}@1", "--k", "2",
+              "--user", operator_user.username, "--timeout", "120")  # fmt: skip
+    junit = tmp_path / "eval.xml"
+    code, out = _eval_cli(*common, "--gate", "pass@1>=0.5", "--junit", str(junit))
+    assert code == 0, out
+    assert "trials 4/4 [####################] 100%  passed 2" in out
+    assert any(
+        line.startswith("PASS  approved  2/2 passed") for line in out.splitlines()
+    )
+    assert any(line.startswith("FAIL  denied  0/2 passed") for line in out.splitlines())
+    assert "2 cases, 4 trials, k=2: pass@1 0.50" in out
+    assert "gate pass@1>=0.5: pass@1 is 0.5 (ok)" in out
+    root = ET.parse(junit).getroot()
+    assert (root.get("tests"), root.get("failures")) == ("2", "1")
+    failed = root.find(".//testcase[@name='denied']/failure")
+    assert failed is not None
+
+    code, out = _eval_cli(*common, "--gate", "pass^k>=0.8", "--baseline", "LAST")
+    assert code == 1, out
+    assert "gate pass^k>=0.8: pass^k is 0.5 (FAILED)" in out
+    assert "regression check against" in out and ": ok" in out
+    assert out.rstrip().endswith("eval FAILED")
+    assert EvalRun.objects.filter(status=EvalRun.Status.FINISHED).count() == 2
+
+
+def test_a_bad_gate_exits_with_the_parsers_message_before_anything_starts(
+    demo_agent, operator_user
+):
+    _suite(demo_agent.tenant, operator_user, APPROVED)
+    with pytest.raises(CommandError) as refused:
+        call_command("eval", "run", "kettle", "--agent", demo_agent.slug,
+                     "--gate", "pass^k>>0.8", stdout=io.StringIO())  # fmt: skip
+    assert "unknown token '>>'" in str(refused.value)
+    assert not EvalRun.objects.exists() and not Run.objects.exists()
+
+
+def test_the_api_starts_an_eval_run_and_reads_its_results(
+    demo_agent, operator_user, viewer_user, api_client_for, celery_worker_process
+):
+    _suite(demo_agent.tenant, operator_user, APPROVED)
+    client = api_client_for(operator_user, demo_agent.tenant)
+    started = client.post(
+        "/api/v1/evals/runs/",
+        {"suite": "kettle", "agent": demo_agent.slug, "k": 2},
+        format="json",
+    )
+    assert started.status_code == 201, started.content
+    body = started.json()
+    assert body["k"] == 2 and body["suite"] == "kettle" and body["version"] == 1
+    assert [c["case"] for c in body["cases"]] == ["approved"]
+    assert len(body["cases"][0]["trials"]) == 2
+    _finished(EvalRun.objects.get(id=body["id"]))
+    reader = api_client_for(viewer_user, demo_agent.tenant)
+    read = reader.get(f"/api/v1/evals/runs/{body['id']}/")
+    assert read.status_code == 200
+    data = read.json()
+    assert data["status"] == "finished" and data["summary"]["pass_at_1"] == 1.0
+    assert data["progress"] == {"done": 2, "total": 2, "passed": 2}
+    assert all(t["passed"] and t["run_status"] == "succeeded"
+               for t in data["cases"][0]["trials"])  # fmt: skip
+    # A viewer may not start one.
+    refused = reader.post("/api/v1/evals/runs/",
+                          {"suite": "kettle", "agent": demo_agent.slug, "k": 1},
+                          format="json")  # fmt: skip
+    assert refused.status_code == 403
+
+
+def test_the_api_refuses_bad_k_naming_it_and_writes_nothing(
+    demo_agent, operator_user, api_client_for, other_tenant
+):
+    _suite(demo_agent.tenant, operator_user, APPROVED)
+    client = api_client_for(operator_user, demo_agent.tenant)
+    for k in (0, 10000):
+        bad = client.post("/api/v1/evals/runs/",
+                          {"suite": "kettle", "agent": demo_agent.slug, "k": k},
+                          format="json")  # fmt: skip
+        assert bad.status_code == 400
+        assert list(bad.json()["error"]["fields"]) == ["k"]
+    missing = client.post("/api/v1/evals/runs/",
+                          {"suite": "nope", "agent": demo_agent.slug, "k": 1},
+                          format="json")  # fmt: skip
+    assert missing.status_code == 400 and "suite" in missing.json()["error"]["fields"]
+    assert not EvalRun.objects.exists() and not Run.objects.exists()
+    assert client.get(f"/api/v1/evals/runs/{uuid.uuid4()}/").status_code == 404
