@@ -205,6 +205,7 @@ def _approvals_script(trial: EvalTrial) -> None:
     eval_run = EvalRun.objects.get(id=trial.eval_run_id)
     script = _case_of(eval_run, trial.case_slug).get("approvals") or []
     decider = eval_run.created_by
+    assert trial.run_id is not None  # only a trial with a run waits
     pending = ApprovalRequest.objects.filter(
         run_id=trial.run_id, status=ApprovalRequest.Status.PENDING
     )
@@ -242,6 +243,7 @@ def _approvals_script(trial: EvalTrial) -> None:
 
 
 def _trial_cancel(trial: EvalTrial, why: str) -> None:
+    assert trial.run_id is not None
     run = Run.objects.get(id=trial.run_id)
     logger.warning("eval trial %s: %s; its run is cancelled", trial.id, why)
     EvalTrial.objects.filter(id=trial.id).update(
