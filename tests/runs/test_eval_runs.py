@@ -17,7 +17,7 @@ from approvals.models import ApprovalRequest
 from runs.models import EvalRun, EvalTrial, Run
 from runs.services.eval_runs import EvalRunRefused, eval_run_start
 from runs.services.evals import eval_suite_create
-from tests.conftest import wait_for
+from tests.conftest import _member, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -249,3 +249,31 @@ def test_the_api_refuses_bad_k_naming_it_and_writes_nothing(
     assert missing.status_code == 400 and "suite" in missing.json()["error"]["fields"]
     assert not EvalRun.objects.exists() and not Run.objects.exists()
     assert client.get(f"/api/v1/evals/runs/{uuid.uuid4()}/").status_code == 404
+
+
+def test_an_approval_the_script_does_not_cover_is_denied_not_left_waiting(
+    demo_agent, operator_user, celery_worker_process
+):
+    unscripted = {**APPROVED, "slug": "unscripted", "approvals": []}
+    suite = _suite(demo_agent.tenant, operator_user, unscripted)
+    eval_run = eval_run_start(
+        tenant=demo_agent.tenant, suite=suite, agent_slug=demo_agent.slug, k=1,
+        user=operator_user,
+    )  # fmt: skip
+    _finished(eval_run)
+    request = ApprovalRequest.objects.get(run__eval_trial__eval_run=eval_run)
+    assert request.status == ApprovalRequest.Status.DENIED
+    assert "no scripted decision" in request.reason
+    assert EvalTrial.objects.get(eval_run=eval_run).passed is False
+
+
+def test_another_tenants_eval_run_is_not_found(
+    demo_agent, operator_user, api_client_for, other_tenant
+):
+    suite = _suite(demo_agent.tenant, operator_user, APPROVED)
+    eval_run = eval_run_start(
+        tenant=demo_agent.tenant, suite=suite, agent_slug=demo_agent.slug, k=1,
+        user=operator_user,
+    )  # fmt: skip
+    stranger = api_client_for(_member(other_tenant, "olga", "admin"), other_tenant)
+    assert stranger.get(f"/api/v1/evals/runs/{eval_run.id}/").status_code == 404
