@@ -277,3 +277,26 @@ def test_another_tenants_eval_run_is_not_found(
     )  # fmt: skip
     stranger = api_client_for(_member(other_tenant, "olga", "admin"), other_tenant)
     assert stranger.get(f"/api/v1/evals/runs/{eval_run.id}/").status_code == 404
+
+
+def test_a_scripted_edit_changes_what_runs_and_the_grader_sees_it(
+    demo_agent, operator_user, celery_worker_process
+):
+    edited = {
+        "slug": "edited",
+        "input": INPUT,
+        "approvals": [{"tool": "create_replacement", "decision": "edit",
+                       "args": {"order_id": "4821", "reason": "photo checked"}}],
+        "graders": [{"kind": "args", "tool": "create_replacement",
+                     "path": "$.reason", "equals": "photo checked"}],
+    }  # fmt: skip
+    suite = _suite(demo_agent.tenant, operator_user, edited)
+    eval_run = eval_run_start(
+        tenant=demo_agent.tenant, suite=suite, agent_slug=demo_agent.slug, k=1,
+        user=operator_user,
+    )  # fmt: skip
+    assert _finished(eval_run).summary["pass_at_1"] == 1.0
+    trial = EvalTrial.objects.select_related("run").get(eval_run=eval_run)
+    assert trial.run.status == Run.Status.SUCCEEDED
+    request = ApprovalRequest.objects.get(run=trial.run)
+    assert request.status == ApprovalRequest.Status.APPROVED
