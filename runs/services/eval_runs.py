@@ -191,7 +191,8 @@ def _trial_advance(trial: EvalTrial) -> None:
     assert run is not None
     if run.status == Run.Status.WAITING_APPROVAL:
         _approvals_script(trial)
-    elif run.is_terminal:
+        run.refresh_from_db()  # a refused decision cancelled it: grade it now
+    if run.is_terminal:
         eval_trial_grade(trial_id=trial.id)
         eval_run_finish_if_done(eval_run_id=trial.eval_run_id)
 

@@ -300,3 +300,24 @@ def test_a_scripted_edit_changes_what_runs_and_the_grader_sees_it(
     assert trial.run.status == Run.Status.SUCCEEDED
     request = ApprovalRequest.objects.get(run=trial.run)
     assert request.status == ApprovalRequest.Status.APPROVED
+
+
+def test_a_decision_the_user_may_not_record_cancels_the_trial_instead_of_waiting(
+    demo_agent, viewer_user, operator_user, celery_worker_process
+):
+    # A viewer may not decide approvals (the operator could, so the policy asks):
+    # the scripted approve is refused by the decide service, and the trial's run
+    # is cancelled rather than left waiting.
+    suite = _suite(demo_agent.tenant, viewer_user, APPROVED)
+    eval_run = eval_run_start(
+        tenant=demo_agent.tenant, suite=suite, agent_slug=demo_agent.slug, k=1,
+        user=viewer_user,
+    )  # fmt: skip
+    assert _finished(eval_run).summary["pass_at_1"] == 0.0
+    trial = EvalTrial.objects.select_related("run").get(eval_run=eval_run)
+    assert trial.run.status == Run.Status.CANCELLED
+    assert trial.status == EvalTrial.Status.ERROR and trial.passed is False
+    assert "the scripted approval was refused" in trial.grader_results[0]["reason"]
+    assert not ApprovalRequest.objects.filter(
+        run=trial.run, status=ApprovalRequest.Status.PENDING
+    ).exists()
