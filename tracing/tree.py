@@ -163,9 +163,7 @@ def span_search(
     wanted = {s.parent_span_id for s in found if s.parent_span_id} - known.keys()
     while wanted:
         level = list(
-            Span.objects.filter(run_id=run_id, span_id__in=wanted).only(
-                *_SEARCH_FIELDS
-            )
+            Span.objects.filter(run_id=run_id, span_id__in=wanted).only(*_SEARCH_FIELDS)
         )
         known.update((s.span_id, s) for s in level)
         wanted = {s.parent_span_id for s in level if s.parent_span_id} - known.keys()
