@@ -59,7 +59,8 @@ def test_admin_creates_and_edits_an_agent_and_a_new_run_shows_v2(
     expect(rows.nth(1).get_by_role("button", name="Restore v1")).to_be_visible()
     page.get_by_role("button", name="Compare").click()
     model_row = page.locator('#compare-table tr[data-field="model"]')
-    expect(model_row).to_contain_text("scripted")
+    # Two version reads before it draws: on a loaded CI box more than 5 s.
+    expect(model_row).to_contain_text("scripted", timeout=20_000)
     expect(model_row).to_contain_text("scripted-2")
     page.screenshot(path=str(SCREENSHOTS / "agent-versions.png"), full_page=True)
     agent = Agent.objects.get(slug="helper", tenant=tenant)
