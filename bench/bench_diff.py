@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_ui import CHROMIUM, PASSWORD, Daphne, _hex
+from bench.bench_ui import CHROMIUM, PASSWORD, Daphne, _hex, logged_in_page
 from bench.django_env import django_setup
 
 TOOLS = ["lookup_order", "get_delivery_date", "search_catalogue", "check_stock"]
@@ -96,15 +96,7 @@ def main() -> None:
                 args=["--no-sandbox", "--disable-background-networking",
                       "--disable-gpu"],
             )  # fmt: skip
-            page = browser.new_page(
-                base_url=server.url, viewport={"width": 1440, "height": 900}
-            )
-            page.set_default_timeout(60_000)
-            page.goto("/login/?next=/runs/")
-            page.get_by_label("Username").fill(user.username)
-            page.get_by_label("Password").fill(PASSWORD)
-            page.get_by_role("button", name="Log in").click()
-            page.wait_for_url("**/runs/")
+            page = logged_in_page(browser, server.url, user.username)
             api_ms = []
             for _ in range(5):
                 t = time.monotonic()

@@ -43,6 +43,18 @@ def _hex(bits: int) -> str:
     return f"{random.getrandbits(bits):0{bits // 4}x}"
 
 
+def logged_in_page(browser: Any, url: str, username: str) -> Any:
+    """A 1440×900 page on `url`, logged in as `username` (PASSWORD)."""
+    page = browser.new_page(base_url=url, viewport={"width": 1440, "height": 900})
+    page.set_default_timeout(60_000)
+    page.goto("/login/?next=/runs/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url("**/runs/")
+    return page
+
+
 def _store_large_run() -> tuple[Any, Any, Any]:
     """A finished-looking run of 20,001 spans with their 40,002 events."""
     from django.contrib.auth import get_user_model
@@ -307,15 +319,7 @@ def main() -> None:
                     "--disable-gpu",
                 ],
             )
-            page = browser.new_page(
-                base_url=server.url, viewport={"width": 1440, "height": 900}
-            )
-            page.set_default_timeout(60_000)
-            page.goto("/login/?next=/runs/")
-            page.get_by_label("Username").fill(user.username)
-            page.get_by_label("Password").fill(PASSWORD)
-            page.get_by_role("button", name="Log in").click()
-            page.wait_for_url("**/runs/")
+            page = logged_in_page(browser, server.url, user.username)
             # Open the run (cold: a fresh navigation).
             page.goto(f"/runs/{run.id}/")
             page.wait_for_selector("body[data-interactive='1']")

@@ -22,7 +22,15 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from bench.bench_ui import CHROMIUM, FRAME_PROBE, FRAME_STOP, PASSWORD, Daphne, _hex
+from bench.bench_ui import (
+    CHROMIUM,
+    FRAME_PROBE,
+    FRAME_STOP,
+    PASSWORD,
+    Daphne,
+    _hex,
+    logged_in_page,
+)
 from bench.django_env import django_setup, percentile
 
 DAYS = 30
@@ -126,15 +134,7 @@ def main() -> None:
                     "--disable-gpu",
                 ],
             )
-            page = browser.new_page(
-                base_url=server.url, viewport={"width": 1440, "height": 900}
-            )
-            page.set_default_timeout(60_000)
-            page.goto("/login/?next=/runs/")
-            page.get_by_label("Username").fill(user.username)
-            page.get_by_label("Password").fill(PASSWORD)
-            page.get_by_role("button", name="Log in").click()
-            page.wait_for_url("**/runs/")
+            page = logged_in_page(browser, server.url, user.username)
             api_ms = []
             for _ in range(3):
                 t = time.monotonic()

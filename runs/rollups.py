@@ -164,21 +164,19 @@ class RunFigures:
         default_factory=lambda: defaultdict(ToolFigures)
     )
 
-    def add_runs(
-        self, share: RunShare, runs: int = 1, cost: Decimal | None = None
-    ) -> None:
+    def add_runs(self, share: RunShare, runs: int = 1) -> None:
         key = bucket_key(share.hour, self.step)
         self.runs[(key, share.status)] += runs
         agent = self.agents[share.agent_id]
         agent.runs += runs
-        agent.cost += share.cost if cost is None else cost
+        agent.cost += runs * share.cost
         if share.status == Run.Status.FAILED:
             agent.failed += runs
         if share.duration is not None:
             self.durations[key][share.duration] += runs
 
     def take_back(self, share: RunShare) -> None:
-        self.add_runs(share, runs=-1, cost=-share.cost)
+        self.add_runs(share, runs=-1)
 
     def add_tool(self, tool: str, calls: int, failed: int, cost: Decimal) -> None:
         figures = self.tools[tool]
