@@ -49,6 +49,7 @@ from django.db.models import Exists, F, OuterRef, Q, Value
 from django.utils import timezone
 
 from budgets import ledger_sql
+from budgets.end_user_ledger import end_user_limited, end_user_reserve, end_user_settle
 from budgets.models import (
     PERIOD_DIMENSIONS,
     PERIODS,
@@ -117,14 +118,52 @@ def budget_reserve(
     call_id: str = "",
     now: dt.datetime | None = None,
     expires_at: dt.datetime | None = None,
+    end_user: str = "",
 ) -> BudgetLedgerEntry | BudgetRefusal:
     """Reserve `amounts` against every period limit, or refuse and change nothing.
 
     A run holding grants (approved extensions) that the tenant's limit refused
     reserves the granted dimensions from its grants instead. `expires_at`: when
     beat releases the reservation if it is still open (external agents').
+    `end_user`: the end user the run serves; their own limits (if the budget
+    sets any) hold this reservation too (budgets/end_user_ledger.py).
     """
     now = now or timezone.now()
+    if not end_user or not end_user_limited(budget):
+        return _reserve_for_tenant(budget, run_id, kind, amounts, step_index,
+                                   call_id, now, expires_at)  # fmt: skip
+    with transaction.atomic():
+        result = _reserve_for_tenant(
+            budget, run_id, kind, amounts, step_index, call_id, now, expires_at
+        )
+        if isinstance(result, BudgetRefusal):
+            return result
+        held = end_user_reserve(
+            budget=budget,
+            end_user=end_user,
+            amounts=amounts,
+            limits=budget.end_user_limits,
+            now=now,
+        )
+        if isinstance(held, BudgetRefusal):
+            # The tenant's reservation goes back with the savepoint: nothing held.
+            transaction.set_rollback(True)
+            return held
+        BudgetLedgerEntry.objects.filter(id=result.id).update(end_user_counter_ids=held)
+        result.end_user_counter_ids = held
+        return result
+
+
+def _reserve_for_tenant(
+    budget: Budget,
+    run_id: Any,
+    kind: str,
+    amounts: Amounts,
+    step_index: int | None,
+    call_id: str,
+    now: dt.datetime,
+    expires_at: dt.datetime | None,
+) -> BudgetLedgerEntry | BudgetRefusal:
     fields = {
         "tenant_id": budget.tenant_id,
         "run_id": run_id,
@@ -481,7 +520,21 @@ def _refusal(
 def _settle(entry: BudgetLedgerEntry, actual: Amounts, status: str) -> bool:
     """The ledger row's compare-and-set, then the counters and the grants: the
     actual use is added always (the spend happened), the reservation given back
-    only by the call that won the compare-and-set."""
+    only by the call that won the compare-and-set. An end user's counters move
+    last, in the same transaction (the one lock order)."""
+    if not entry.end_user_counter_ids:
+        return _settle_tenant(entry, actual, status)
+    with transaction.atomic():
+        won = _settle_tenant(entry, actual, status)
+        end_user_settle(
+            list(entry.end_user_counter_ids),
+            actual=actual,
+            reserved=Amounts.from_dict(entry.reserved) if won else None,
+        )
+    return won
+
+
+def _settle_tenant(entry: BudgetLedgerEntry, actual: Amounts, status: str) -> bool:
     reserved = Amounts.from_dict(entry.reserved)
     funding = list(entry.funding or [])
     over = any(actual.get(name) > reserved.get(name) for name in PERIOD_DIMENSIONS)

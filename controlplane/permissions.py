@@ -72,6 +72,10 @@ class Action(StrEnum):
     # admins write them (they are test data, not configuration that runs).
     EVAL_READ = "eval.read"
     EVAL_WRITE = "eval.write"
+    # What the `memory` tool keeps about the end users runs serve: every member
+    # reads it (runs show the same tool output); deleting it is for admins.
+    MEMORY_READ = "memory.read"
+    MEMORY_DELETE = "memory.delete"
 
 
 _READ = frozenset(
@@ -87,6 +91,7 @@ _READ = frozenset(
         Action.TENANT_READ,
         Action.TOKEN_MANAGE,
         Action.EVAL_READ,
+        Action.MEMORY_READ,
     }
 )
 

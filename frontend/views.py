@@ -24,6 +24,7 @@ from controlplane.models import Role
 from controlplane.permissions import Action, context_may, declares
 from controlplane.tenancy import SESSION_TENANT_KEY, TenantContext, tenant_context_for
 from runs import selectors as run_selectors
+from runs.demo_scripts import DEMO_SCRIPTS
 from runs.evaluators import EVALUATORS
 from runs.models import AgentVersion, Run
 from runs.services.agent_validation import APPROVAL_CHOICES, version_config_of
@@ -60,6 +61,7 @@ def _page(
         "can_manage_members": context_may(context, Action.MEMBER_MANAGE),
         "can_manage_any_token": context_may(context, Action.TOKEN_MANAGE_ANY),
         "can_edit_agents": context_may(context, Action.AGENT_WRITE),
+        "can_write_evals": context_may(context, Action.EVAL_WRITE),
         **(extra or {}),
     }
     return render(request, template, values, status=status)
@@ -158,6 +160,24 @@ def run_diff_page(
     return _page(request, "frontend/run_diff.html", context, "runs", extra)
 
 
+@page_gate(Action.PAGE_READ, "runs")
+def run_replay_page(
+    request: HttpRequest, context: TenantContext, run_id: str
+) -> HttpResponse:
+    """A run beside its replay from the record (runs/run_diff.py)."""
+    if run_selectors.run_for_tenant(tenant=context.tenant, run_id=run_id) is None:
+        return _not_found(
+            request,
+            context,
+            "runs",
+            "Run not found",
+            f"There is no run {run_id[:40]} in {context.tenant.name}. The link may "
+            "be mistyped, or the run belongs to another tenant.",
+        )
+    extra = {"run_id": run_id, "other_id": run_id, "replay": True}
+    return _page(request, "frontend/run_diff.html", context, "runs", extra)
+
+
 @page_gate(Action.PAGE_READ, "approvals")
 def approvals_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
     """Every pending approval of the tenant, oldest first; and those decided."""
@@ -169,6 +189,27 @@ def approvals_page(request: HttpRequest, context: TenantContext) -> HttpResponse
 def budget_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
     """The tenant's limits and usage; those who may write the budget edit them."""
     return _page(request, "frontend/budget.html", context, "budget")
+
+
+@page_gate(Action.MEMORY_READ, "end-users")
+def end_users_page(
+    request: HttpRequest, context: TenantContext, end_user: str = ""
+) -> HttpResponse:
+    """The end users runs serve: what the memory tool keeps about each, and
+    their budget use; admins delete an end user's memory."""
+    extra = {
+        "end_user": end_user,
+        "can_delete_memory": context_may(context, Action.MEMORY_DELETE),
+    }
+    return _page(request, "frontend/end_users.html", context, "end-users", extra)
+
+
+@page_gate(Action.RUN_READ, "demos")
+def demos_page(request: HttpRequest, context: TenantContext) -> HttpResponse:
+    """The eleven demo scripts (docs/demo.md), each with a run button for
+    those who may start runs; viewers read what each shows."""
+    extra = {"scripts": DEMO_SCRIPTS}
+    return _page(request, "frontend/demos.html", context, "demos", extra)
 
 
 @page_gate(Action.AUDIT_READ, "audit")
@@ -218,11 +259,14 @@ def _form_values(version: AgentVersion | None) -> dict[str, Any]:
         "fallback_model": config.get("fallback_model", ""),
         "evaluated_models": "\n".join(config.get("evaluated_models", [])),
         "system_prompt": config.get("system_prompt", ""),
+        "skills": json.dumps(config.get("skills", []), indent=2),
         "tools": "\n".join(config.get("tools", [])),
         "tool_settings": json.dumps(config.get("tool_settings", {}), indent=2),
         "default_limits": json.dumps(config.get("default_limits", {}), indent=2),
         "evaluator": config.get("evaluator", ""),
         "script": json.dumps(config.get("script", []), indent=2),
+        "guardrails": json.dumps(config.get("guardrails", []), indent=2),
+        "hooks": json.dumps(config.get("hooks", []), indent=2),
     }
 
 

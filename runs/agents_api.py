@@ -22,10 +22,18 @@ from controlplane.api_schema import ErrorSerializer
 from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 from runs import selectors
+from runs.engine.disclosure import (
+    MAX_SKILL_NAME_CHARS,
+    MAX_SKILL_SUMMARY_CHARS,
+    MAX_SKILLS,
+)
+from runs.engine.guardrails import MAX_GUARDRAILS
+from runs.engine.hooks import MAX_HOOKS
 from runs.models import Agent, AgentVersion, ModelEndpoint
 from runs.services import agents as services
 from runs.services.agent_validation import (
     APPROVAL_CHOICES,
+    EXPOSURE_CHOICES,
     MAX_MODELS,
     MAX_PROMPT_CHARS,
     MAX_SCRIPT_REPLIES,
@@ -34,6 +42,15 @@ from runs.services.agent_validation import (
 
 CONFIG_FIELDS = set(AgentVersion.CONFIG_FIELDS)
 MAX_VERSION_NUMBER = 2**31 - 1
+
+
+class SkillSerializer(serializers.Serializer[Any]):
+    """One skill: the prompt lists its name and summary; load_skill returns its
+    body (at most MAX_SKILL_BODY_BYTES of Markdown)."""
+
+    name = serializers.SlugField(max_length=MAX_SKILL_NAME_CHARS)
+    summary = serializers.CharField(max_length=MAX_SKILL_SUMMARY_CHARS)
+    body = serializers.CharField()
 
 
 class AgentVersionSerializer(serializers.Serializer[Any]):
@@ -47,11 +64,15 @@ class AgentVersionSerializer(serializers.Serializer[Any]):
     fallback_model = serializers.CharField()
     evaluated_models = serializers.ListField(child=serializers.CharField())
     system_prompt = serializers.CharField()
+    skills = SkillSerializer(many=True)
     tools = serializers.ListField(child=serializers.CharField())
     tool_settings = serializers.DictField(child=serializers.DictField())
     default_limits = serializers.DictField()
     evaluator = serializers.CharField()
     script = serializers.ListField(child=serializers.DictField())
+    guardrails = serializers.ListField(child=serializers.DictField())
+    hooks = serializers.ListField(child=serializers.DictField())
+    compaction_threshold = serializers.FloatField()
     created_by = serializers.CharField(source="created_by.username", allow_null=True)
     created_at = serializers.DateTimeField()
 
@@ -80,6 +101,7 @@ class ToolSettingsSerializer(serializers.Serializer[Any]):
     """The settings of one of the agent's tools (all optional)."""
 
     approval = serializers.ChoiceField(choices=APPROVAL_CHOICES, required=False)
+    exposure = serializers.ChoiceField(choices=EXPOSURE_CHOICES, required=False)
     network = serializers.ListField(
         child=serializers.CharField(max_length=300), required=False, max_length=100
     )
@@ -109,6 +131,11 @@ class AgentConfigInputSerializer(serializers.Serializer[Any]):
         trim_whitespace=False,
         max_length=MAX_PROMPT_CHARS,
     )
+    # Each skill's shape and size is checked by the service, which names the
+    # path (`skills[0].body`) of what to fix.
+    skills = serializers.ListField(
+        child=serializers.DictField(), required=False, max_length=MAX_SKILLS
+    )
     tools = serializers.ListField(
         child=serializers.CharField(max_length=200),
         required=False,
@@ -122,6 +149,15 @@ class AgentConfigInputSerializer(serializers.Serializer[Any]):
     script = serializers.ListField(
         child=serializers.DictField(), required=False, max_length=MAX_SCRIPT_REPLIES
     )
+    # Each checked by the service (runs.services.guard_config), by position.
+    guardrails = serializers.ListField(
+        child=serializers.DictField(), required=False, max_length=MAX_GUARDRAILS
+    )
+    hooks = serializers.ListField(
+        child=serializers.DictField(), required=False, max_length=MAX_HOOKS
+    )
+    # Checked by the service (a share of the model's context window).
+    compaction_threshold = serializers.FloatField(required=False)
 
 
 class AgentCreateInputSerializer(AgentConfigInputSerializer):

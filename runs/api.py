@@ -33,6 +33,7 @@ from runs.engine.contracts import TOOL_NAME_PATTERN
 from runs.engine.evaluator import verdict_of
 from runs.engine.stop import StopReason
 from runs.models import Run
+from runs.services.lifecycle import END_USER_PATTERN
 from runs.services.retention import run_delete
 from runs.services.spend import run_usage_against_caps
 from runs.stats import run_stats_for
@@ -83,6 +84,8 @@ class RunSerializer(serializers.Serializer[Any]):
     )
     stop_detail = RedactedCharField()
     input = RedactedCharField()
+    # The end user the run serves ("" for none): its memory, per-user limits.
+    end_user = serializers.CharField()
     final_answer = RedactedCharField()
     evaluation = RedactedJSONField()
     limits = serializers.JSONField()
@@ -190,6 +193,16 @@ class RunListQuerySerializer(serializers.Serializer[Any]):
         "model sees it); a run sent over OTLP has no tool calls here",
         error_messages={"invalid": "a tool name is 1 to 64 letters, digits, _ or -"},
     )
+    end_user = serializers.RegexField(
+        END_USER_PATTERN.pattern,
+        max_length=128,
+        required=False,
+        allow_blank=True,
+        help_text="runs serving this end user (the end_user a run was started with)",
+        error_messages={
+            "invalid": "an end user is 1 to 128 letters, digits or . _ : @ -"
+        },
+    )
     cost_gt = serializers.DecimalField(
         max_digits=14,
         decimal_places=6,
@@ -268,6 +281,7 @@ def run_list_query_of(request: Request) -> selectors.RunListQuery:
         status=wanted.get("status") or None,
         agent=wanted.get("agent") or None,
         tool=wanted.get("tool") or None,
+        end_user=wanted.get("end_user") or None,
         created_from=wanted.get("from"),
         created_to=wanted.get("to"),
         cost_gt=wanted.get("cost_gt"),
@@ -286,6 +300,21 @@ class RunListApi(APIView):
         agent = serializers.SlugField(max_length=64)
         input = serializers.CharField()  # replaced per instance: _input_field()
         limits = serializers.DictField(required=False, default=dict)
+        end_user = serializers.CharField(
+            required=False,
+            default="",
+            allow_blank=True,
+            max_length=128,
+            validators=[
+                RegexValidator(
+                    END_USER_PATTERN.pattern,
+                    message="must be 1 to 128 characters of letters, digits "
+                    "and . _ : @ - (e.g. c-8812)",
+                )
+            ],
+            help_text="the end user the run serves (its memory and per-user "
+            "budget limits); required when the tenant sets per-user limits",
+        )
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -332,6 +361,7 @@ class RunListApi(APIView):
                 agent_slug=body.validated_data["agent"],
                 input=body.validated_data["input"],
                 limits=body.validated_data["limits"],
+                end_user=body.validated_data["end_user"],
                 started_by=context.user,
             )
         except services.RunInputError as exc:

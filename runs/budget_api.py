@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from budgets.end_user_ledger import end_user_usage
 from budgets.selectors import budget_of
 from budgets.services import BudgetInputError, budget_as_dict
 from controlplane.models import Tenant
@@ -23,6 +25,7 @@ from controlplane.tenancy import tenant_of
 from runs.budget_burn import budget_activity_for
 from runs.selectors import tenant_budget_usage
 from runs.services.admission import active_run_count, budget_update_and_admit
+from runs.services.lifecycle import END_USER_PATTERN
 
 
 def _budget_body(tenant: Tenant) -> dict[str, Any]:
@@ -71,3 +74,24 @@ class BudgetActivityApi(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
         return Response(budget_activity_for(tenant=tenant_of(request).tenant))
+
+
+class EndUserBudgetApi(APIView):
+    """One end user's use and reservations in the current windows, beside the
+    tenant's per-end-user limits (`limits.end_user` of GET /api/v1/budget/)."""
+
+    gate: Gate = {"GET": Action.BUDGET_READ}
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, end_user: str) -> Response:
+        if not END_USER_PATTERN.fullmatch(end_user):
+            raise NotFound("No such end user: not a valid end user id.")
+        tenant = tenant_of(request).tenant
+        budget = budget_of(tenant)
+        limits = budget_as_dict(budget)["limits"]["end_user"]
+        usage = (
+            end_user_usage(budget=budget, end_user=end_user, now=timezone.now())
+            if budget is not None
+            else {}
+        )
+        return Response({"end_user": end_user, "limits": limits, "usage": usage})

@@ -94,7 +94,7 @@ def warranty_agent_config() -> dict[str, Any]:
     }
 
 
-class _Api:
+class DemoApi:
     """One admin's requests through the real API stack; a non-2xx is an error."""
 
     def __init__(self, secret: str, api_url: str) -> None:
@@ -150,11 +150,11 @@ def _secure() -> bool:
 
 
 @contextmanager
-def _admin_api(tenant: Tenant, api_url: str) -> Iterator[_Api]:
+def demo_admin_api(tenant: Tenant, api_url: str) -> Iterator[DemoApi]:
     admin = get_user_model().objects.get(username=DEMO_ADMIN)
     issued = api_token_issue(tenant=tenant, user=admin, name="seed_demo --with-mcp")
     try:
-        yield _Api(issued.secret, api_url)
+        yield DemoApi(issued.secret, api_url)
     finally:
         token = ApiToken.objects.get(pk=issued.token.pk)
         api_token_revoke(token=token, actor=admin)
@@ -164,7 +164,7 @@ def _by_slug(items: list[dict[str, Any]], slug: str) -> dict[str, Any] | None:
     return next((item for item in items if item["slug"] == slug), None)
 
 
-def _seed_mcp_server(api: _Api, report: SeedReport) -> None:
+def _seed_mcp_server(api: DemoApi, report: SeedReport) -> None:
     server = _by_slug(api.call("GET", "mcp-servers/"), DEMO_MCP_SLUG)
     if server is not None and server["command"] != DEMO_MCP_COMMAND:
         # A command is not editable (a new one is a new server to trust).
@@ -216,7 +216,7 @@ def _seed_mcp_server(api: _Api, report: SeedReport) -> None:
         report.changes.append(f"{DEMO_MCP_TOOL} declared read-only")
 
 
-def _seed_endpoint(api: _Api, report: SeedReport) -> None:
+def _seed_endpoint(api: DemoApi, report: SeedReport) -> None:
     wanted = {
         "slug": DEMO_ENDPOINT_SLUG,
         "name": "Local OpenAI-compatible model (demo)",
@@ -234,7 +234,7 @@ def _seed_endpoint(api: _Api, report: SeedReport) -> None:
         report.changes.append(f"model endpoint {DEMO_ENDPOINT_SLUG} updated")
 
 
-def _seed_agent(api: _Api, report: SeedReport) -> None:
+def _seed_agent(api: DemoApi, report: SeedReport) -> None:
     config = warranty_agent_config()
     agent = _by_slug(api.call("GET", "agents/"), DEMO_WARRANTY_AGENT_SLUG)
     if agent is None:
@@ -259,7 +259,7 @@ def demo_seed_warranty_agent(
     The MCP server goes first: it is the part that needs the sandbox (bubblewrap),
     so a host without it stops the seed before anything else is written."""
     report = SeedReport(model_url=model_url)
-    with _admin_api(tenant, api_url) as api:
+    with demo_admin_api(tenant, api_url) as api:
         _seed_mcp_server(api, report)
         _seed_endpoint(api, report)
         _seed_agent(api, report)

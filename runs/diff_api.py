@@ -16,7 +16,7 @@ from controlplane.api_schema import ErrorSerializer
 from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 from runs.models import Run
-from runs.run_diff import run_diff
+from runs.run_diff import run_diff, run_replay_diff
 from runs.selectors import run_for_tenant
 
 
@@ -89,6 +89,9 @@ class DiffRunSerializer(serializers.Serializer[Any]):
     agent_version = serializers.IntegerField(allow_null=True)
     status = serializers.CharField()
     external = serializers.BooleanField(help_text="a run sent over OTLP")
+    replay = serializers.BooleanField(
+        help_text="this side is the run replayed from its record, not a run"
+    )
     input = serializers.CharField()
     final_answer = serializers.CharField()
     created_at = serializers.DateTimeField()
@@ -148,4 +151,20 @@ class RunDiffApi(APIView):
         if left.id == right.id:
             raise ValidationError({"other_id": ["compare a run with another run"]})
         diff = run_diff(tenant=tenant_of(request).tenant, left=left, right=right)
+        return Response(diff.as_dict())
+
+
+class RunReplayDiffApi(APIView):
+    gate: Gate = {"GET": Action.RUN_READ}
+
+    @extend_schema(
+        responses={200: RunDiffSerializer, 404: ErrorSerializer},
+        description="The run (left) beside its replay (right): the recorded "
+        "model replies and tool results played again in memory, under today's "
+        "policy and evaluator, nothing executed or written (runs/replay.py). "
+        "Same shape as the diff of two runs; `right.replay` is true.",
+    )
+    def get(self, request: Request, run_id: str) -> Response:
+        run = _run_or_404(request, run_id, "left")
+        diff = run_replay_diff(tenant=tenant_of(request).tenant, run=run)
         return Response(diff.as_dict())

@@ -78,7 +78,9 @@ class EvalCase(models.Model):
 
 
 class EvalRun(models.Model):
-    """A suite tried against one agent version, k trials per case."""
+    """A suite tried against one agent version, k trials per case; or against an
+    agent that runs outside (`external_agent`), whose client reports each trial's
+    trace (docs/evals.md, "Agents that run outside")."""
 
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -93,9 +95,16 @@ class EvalRun(models.Model):
     suite = models.ForeignKey(
         EvalSuite, on_delete=models.PROTECT, related_name="eval_runs"
     )
+    # Exactly one of the two: a hosted agent's version, or the name an
+    # external agent's eval runs go by (its trials' runs are OTLP-ingested).
     agent_version = models.ForeignKey(
-        "runs.AgentVersion", on_delete=models.PROTECT, related_name="eval_runs"
+        "runs.AgentVersion",
+        on_delete=models.PROTECT,
+        related_name="eval_runs",
+        null=True,
+        blank=True,
     )
+    external_agent = models.CharField(max_length=64, blank=True)
     k = models.PositiveSmallIntegerField()
     status = models.CharField(
         max_length=12, choices=Status.choices, default=Status.QUEUED
@@ -114,16 +123,40 @@ class EvalRun(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "-created_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    models.Q(agent_version__isnull=False, external_agent="")
+                    | (
+                        models.Q(agent_version__isnull=True)
+                        & ~models.Q(external_agent="")
+                    )
+                ),
+                name="eval_run_hosted_or_external",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"eval run {self.id} ({self.status})"
+
+    @property
+    def agent_name(self) -> str:
+        """The hosted agent's slug, or the external agent's name."""
+        if self.agent_version is not None:
+            return self.agent_version.agent.slug
+        return self.external_agent
+
+    @property
+    def version_number(self) -> int | None:
+        """The hosted agent version's number; None for an external agent."""
+        return self.agent_version.number if self.agent_version is not None else None
 
 
 class EvalTrial(models.Model):
     """One real run of one case in an eval run, and how its graders judged it."""
 
     class Status(models.TextChoices):
-        PENDING = "pending"  # its run is not started yet
+        PENDING = "pending"  # its run is not started (external: not reported) yet
         RUNNING = "running"
         GRADED = "graded"  # passed says the verdict
         ERROR = "error"  # a grader could not judge (e.g. its judge was down)

@@ -19,23 +19,57 @@ from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 from runs.evals import selectors
 from runs.evals.results import eval_run_get_for, eval_run_progress
+from runs.evals.verdict import VerdictRefused, eval_baseline_of, eval_gate_parse
 from runs.models import EvalRun, EvalTrial
+from runs.services.eval_external import eval_run_start_external
 from runs.services.eval_runs import EvalRunRefused, eval_run_start
 
-START_FIELDS = {"suite", "agent", "version", "k"}
+START_FIELDS = {"suite", "agent", "version", "external_agent", "k", "gate", "baseline"}
+# An external agent's name: what its eval runs (and `--baseline LAST`) go by.
+EXTERNAL_AGENT = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 class EvalRunStartSerializer(serializers.Serializer[Any]):
     suite = serializers.SlugField(max_length=64, help_text="The suite's slug.")
-    agent = serializers.SlugField(max_length=64, help_text="The agent's slug.")
+    agent = serializers.SlugField(
+        max_length=64, required=False,
+        help_text="A hosted agent's slug (or give external_agent).",
+    )  # fmt: skip
+    external_agent = serializers.RegexField(
+        EXTERNAL_AGENT, max_length=64, required=False,
+        help_text="The name of an agent that runs outside: its client runs and "
+        "reports each trial (or give agent).",
+    )  # fmt: skip
     version = serializers.IntegerField(
         required=False, allow_null=True, min_value=1,
         help_text="The agent version's number; its current version by default.",
     )  # fmt: skip
     k = serializers.IntegerField(help_text="Trials per case, 1 to 100.")
+    gate = serializers.CharField(
+        required=False, max_length=500,
+        help_text="Checked before anything starts (a CI client's gate); not stored.",
+    )  # fmt: skip
+    baseline = serializers.CharField(
+        required=False, max_length=64,
+        help_text="LAST or a finished eval run id of the suite; checked, not stored.",
+    )  # fmt: skip
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        hosted, external = "agent" in attrs, "external_agent" in attrs
+        if hosted == external:
+            raise ValidationError(
+                {"agent": ["give either agent (hosted) or external_agent, not both"
+                           if hosted else "give agent or external_agent"]}
+            )  # fmt: skip
+        if external and attrs.get("version") is not None:
+            raise ValidationError(
+                {"version": ["an external agent's eval run has no version"]}
+            )
+        return attrs
 
 
 class EvalTrialSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
     index = serializers.IntegerField()
     run = serializers.UUIDField(source="run_id", allow_null=True)
     run_status = serializers.SerializerMethodField()
@@ -50,6 +84,7 @@ class EvalTrialSerializer(serializers.Serializer[Any]):
 
 class EvalRunCaseSerializer(serializers.Serializer[Any]):
     case = serializers.CharField()
+    input = serializers.CharField(help_text="The case's input (as it was run).")
     trials = EvalTrialSerializer(many=True)
 
 
@@ -62,8 +97,14 @@ class EvalRunProgressSerializer(serializers.Serializer[Any]):
 class EvalRunSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     suite = serializers.CharField(source="suite.slug")
-    agent = serializers.CharField(source="agent_version.agent.slug")
-    version = serializers.IntegerField(source="agent_version.number")
+    agent = serializers.CharField(
+        source="agent_name", help_text="The agent's slug or external name."
+    )
+    version = serializers.IntegerField(
+        source="version_number", allow_null=True,
+        help_text="The agent version's number; null for an external agent.",
+    )  # fmt: skip
+    external = serializers.BooleanField()
     k = serializers.IntegerField()
     status = serializers.CharField()
     created_at = serializers.DateTimeField()
@@ -80,8 +121,10 @@ class EvalRunSerializer(serializers.Serializer[Any]):
 def eval_run_document(eval_run: EvalRun) -> dict[str, Any]:
     trials = EvalTrial.objects.filter(eval_run=eval_run).select_related("run")
     by_case: dict[str, list[EvalTrial]] = {}
+    inputs: dict[str, str] = {}
     for case in eval_run.suite_snapshot.get("cases", []):
         by_case[str(case["slug"])] = []
+        inputs[str(case["slug"])] = str(case["input"])
     for trial in trials:
         by_case.setdefault(trial.case_slug, []).append(trial)
     done, total, passed = eval_run_progress(eval_run)
@@ -90,7 +133,9 @@ def eval_run_document(eval_run: EvalRun) -> dict[str, Any]:
             {
                 "id": eval_run.id,
                 "suite": eval_run.suite,
-                "agent_version": eval_run.agent_version,
+                "agent_name": eval_run.agent_name,
+                "version_number": eval_run.version_number,
+                "external": eval_run.agent_version_id is None,
                 "k": eval_run.k,
                 "status": eval_run.status,
                 "created_at": eval_run.created_at,
@@ -99,7 +144,11 @@ def eval_run_document(eval_run: EvalRun) -> dict[str, Any]:
                 "summary": eval_run.summary,
                 "progress": {"done": done, "total": total, "passed": passed},
                 "cases": [
-                    {"case": slug, "trials": sorted(ts, key=lambda t: t.index)}
+                    {
+                        "case": slug,
+                        "input": inputs.get(slug, ""),
+                        "trials": sorted(ts, key=lambda t: t.index),
+                    }
                     for slug, ts in by_case.items()
                 ],
             }
@@ -116,8 +165,10 @@ class EvalRunListApi(APIView):
         responses={201: EvalRunSerializer},
         description="Start an eval run: k real runs of every case of the suite "
         "against the agent version, their approvals decided by each case's "
-        "script. Refused with nothing written when k is not 1 to 100, the "
-        "suite has no case, or a grader names a tool the agent lacks.",
+        "script; or, with external_agent, k pending trials per case for the "
+        "external agent's client to run and report. Refused with nothing "
+        "written when k is not 1 to 100, the suite has no case, a grader names "
+        "a tool the agent lacks, or (external) a case scripts approvals.",
     )
     def post(self, request: Request) -> Response:
         reject_unknown_fields(request, START_FIELDS)
@@ -129,14 +180,32 @@ class EvalRunListApi(APIView):
         if suite is None:
             raise ValidationError({"suite": [f"no suite {data['suite']!r}"]})
         try:
-            eval_run = eval_run_start(
-                tenant=context.tenant,
-                suite=suite,
-                agent_slug=data["agent"],
-                version=data.get("version"),
-                k=data["k"],
-                user=context.user,
-            )
+            # The CI client's gate and baseline fail here, before any trial.
+            eval_gate_parse(data.get("gate"))
+            eval_baseline_of(
+                tenant=context.tenant, suite=suite, choice=data.get("baseline"),
+                external_agent=data.get("external_agent", ""),
+            )  # fmt: skip
+        except VerdictRefused as bad:
+            raise ValidationError({bad.field: [str(bad)]}) from None
+        try:
+            if "external_agent" in data:
+                eval_run = eval_run_start_external(
+                    tenant=context.tenant,
+                    suite=suite,
+                    agent_name=data["external_agent"],
+                    k=data["k"],
+                    user=context.user,
+                )
+            else:
+                eval_run = eval_run_start(
+                    tenant=context.tenant,
+                    suite=suite,
+                    agent_slug=data["agent"],
+                    version=data.get("version"),
+                    k=data["k"],
+                    user=context.user,
+                )
         except EvalRunRefused as refused:
             raise ValidationError(refused.problems) from None
         fresh = eval_run_get_for(tenant=context.tenant, eval_run_id=eval_run.id)

@@ -63,6 +63,9 @@ class McpServerSerializer(serializers.Serializer[Any]):
     command = serializers.ListField(child=serializers.CharField())
     auth_secret = serializers.CharField(help_text="a secret's name; never its value")
     network = serializers.ListField(child=serializers.CharField())
+    credentials = serializers.JSONField(
+        help_text="a stdio server's egress credentials by HOST:PORT: secret names"
+    )
     enabled = serializers.BooleanField()
     last_refresh_at = serializers.DateTimeField(allow_null=True)
     last_refresh_status = serializers.CharField()
@@ -92,6 +95,11 @@ class McpServerInputSerializer(serializers.Serializer[Any]):
         max_length=32,
         required=False,
         default=list,
+    )
+    # {"HOST:PORT": {"secret", "header", "prefix", "tls"}}: checked in the service
+    # with the agents' egress validator, each problem named by its path.
+    credentials = serializers.DictField(
+        child=serializers.JSONField(), required=False, default=dict
     )
 
 

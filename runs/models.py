@@ -11,7 +11,10 @@ from django.db import models
 from controlplane.models import Tenant
 from runs.engine.stop import TERMINAL_STATUSES
 from runs.eval_models import EvalCase, EvalRun, EvalSuite, EvalTrial
+from runs.memory_models import MemoryFile
+from runs.review_models import RunReview
 from runs.rollup_models import RunDurationRollup, RunHourRollup, ToolHourRollup
+from runs.session_models import SessionEntry
 
 __all__ = [
     "Agent",
@@ -21,11 +24,14 @@ __all__ = [
     "EvalSuite",
     "EvalTrial",
     "McpServer",
+    "MemoryFile",
     "McpTool",
     "ModelEndpoint",
     "Run",
     "RunDurationRollup",
     "RunHourRollup",
+    "RunReview",
+    "SessionEntry",
     "Step",
     "ToolCall",
     "ToolHourRollup",
@@ -116,11 +122,15 @@ class AgentVersion(models.Model):
         "fallback_model",
         "evaluated_models",
         "system_prompt",
+        "skills",
         "tools",
         "tool_settings",
         "default_limits",
         "evaluator",
         "script",
+        "guardrails",
+        "hooks",
+        "compaction_threshold",
     )
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -147,11 +157,20 @@ class AgentVersion(models.Model):
     # The models the agent was evaluated with; the fallback model is one of them.
     evaluated_models = models.JSONField(default=list, blank=True)
     system_prompt = models.TextField(blank=True)
+    # [{"name", "summary", "body"}]: the prompt carries their one-line index and
+    # load_skill returns a body (runs/engine/disclosure.py, docs/agents.md).
+    skills = models.JSONField(default=list, blank=True)
     tools = models.JSONField(default=list, blank=True)  # tool refs (docs/agents.md)
     tool_settings = models.JSONField(default=dict, blank=True)  # ref -> settings
     default_limits = models.JSONField(default=dict, blank=True)
     evaluator = models.CharField(max_length=100, blank=True)
     script = models.JSONField(default=list, blank=True)  # scripted endpoint's replies
+    # Input/output checks and built-in hooks (runs.engine.guardrails, .hooks).
+    guardrails = models.JSONField(default=list, blank=True)
+    hooks = models.JSONField(default=list, blank=True)
+    # The share of the model's context window (price table) above which the
+    # context is compacted before a model call (runs.services.compaction).
+    compaction_threshold = models.FloatField(default=0.8)
 
     class Meta:
         ordering = ["agent", "number"]
@@ -196,6 +215,9 @@ class Run(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )
     input = models.TextField()
+    # The end user the run serves (a customer id such as "c-8812"): the scope of
+    # its memory and of the per-user budget limits; "" for none.
+    end_user = models.CharField(max_length=128, blank=True)
     status = models.CharField(
         max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True
     )
@@ -227,6 +249,10 @@ class Run(models.Model):
     enqueued_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     trace_id = models.CharField(max_length=32, blank=True)
+    # The world its tools act in: a shop.ShopWorld an eval trial got fresh (by
+    # id: the world may be cleaned up before the run's record); None: the
+    # tenant's real one.
+    world_id = models.UUIDField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -389,6 +415,9 @@ class McpServer(models.Model):
     # "host:port" entries: what a stdio server may reach through the egress proxy,
     # and the private or loopback hosts an HTTP server's URL may name.
     network = models.JSONField(default=list, blank=True)
+    # A stdio server's egress credentials, by "host:port" of its network: the
+    # tenant secret (by name) the egress proxy adds as a header (runs/tools/egress.py).
+    credentials = models.JSONField(default=dict, blank=True)
     enabled = models.BooleanField(default=True)
     last_refresh_at = models.DateTimeField(null=True, blank=True)
     last_refresh_status = models.CharField(max_length=16, blank=True)  # ok | error

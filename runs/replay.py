@@ -17,7 +17,7 @@ from budgets.selectors import budget_of
 from runs.engine.adapters.scripted import ScriptedModel
 from runs.engine.enforcement import NO_RETRIES, REPEATED_ERROR_RULE
 from runs.engine.envelope import ErrorCode, ToolResult
-from runs.engine.loop import ApprovalResolution, run_in_process
+from runs.engine.loop import ApprovalResolution, LoopResult, run_in_process
 from runs.engine.tools import Tool, ToolContext, ToolRegistry
 from runs.models import Run, ToolCall
 from runs.runtime import runtime_for
@@ -30,6 +30,9 @@ class ReplayReport:
     run_id: str
     lines: list[str] = field(default_factory=list)
     matches: bool = True
+    result: LoopResult | None = (
+        None  # the replayed run, for the diff (runs/run_diff.py)
+    )
 
     def differ(self, line: str) -> None:
         self.matches = False
@@ -94,6 +97,7 @@ def run_replay(*, run: Run) -> ReplayReport:
         run_id=str(run.id),
         tenant_id=str(run.tenant_id),
     )
+    report.result = result
     for index in range(max(len(steps), len(result.steps))):
         old = steps[index] if index < len(steps) else None
         new = result.steps[index] if index < len(result.steps) else None

@@ -20,6 +20,8 @@ from django.db.models import Prefetch
 
 from controlplane.models import Tenant
 from controlplane.redaction import redact, redact_text
+from runs.engine.envelope import ErrorCode, ToolResult
+from runs.engine.loop import LoopResult
 from runs.engine.run_align import (
     Alignment,
     ArgumentChange,
@@ -30,11 +32,12 @@ from runs.engine.run_align import (
     align_runs,
 )
 from runs.models import Run, Step, ToolCall
+from runs.replay import run_replay
 from runs.services.external import EXTERNAL_STOP_REASON
 from tracing.models import Span
 from tracing.selectors import run_spans_with_payloads
 
-__all__ = ["RunDiff", "run_diff", "run_steps"]
+__all__ = ["RunDiff", "run_diff", "run_replay_diff", "run_steps"]
 
 # What a step summary keeps of free text (observations, messages, answers).
 SHORT_CHARS = 240
@@ -48,11 +51,23 @@ def _short(text: str, limit: int = SHORT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _said(content: str) -> str:
+    """What a tool message said, its JSON keys in one order: a result read back
+    from PostgreSQL's jsonb (a replay's) has its keys in another order than the
+    text the model read."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return _short(redact_text(content))
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return _short(redact_text(text))
+
+
 def _observation_text(row: ToolCall) -> str:
     observation = row.observation or {}
     content = observation.get("content")
     if isinstance(content, str):
-        return _short(redact_text(content))
+        return _said(content)
     error = (row.result or {}).get("error") or {}
     if isinstance(error, dict) and error.get("message"):
         return _short(redact_text(f"{error.get('code', '')}: {error['message']}"))
@@ -371,21 +386,26 @@ def _delta(left: dict[str, Any], right: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
+class Side:
+    """One side of a diff: what the reader sees of the run, and its totals."""
+
+    summary: dict[str, Any]
+    totals: dict[str, Any]
+    steps: list[RunStep]
+
+
+@dataclass
 class RunDiff:
-    left: Run
-    right: Run
+    left: Side
+    right: Side
     alignment: Alignment
-    left_steps: list[RunStep]
-    right_steps: list[RunStep]
 
     def as_dict(self) -> dict[str, Any]:
-        left_totals = _totals(self.left, self.left_steps)
-        right_totals = _totals(self.right, self.right_steps)
         first = self.alignment.first_divergence
         return {
-            "left": _run_summary(self.left, left_totals),
-            "right": _run_summary(self.right, right_totals),
-            "totals_delta": _delta(left_totals, right_totals),
+            "left": {**self.left.summary, "totals": self.left.totals},
+            "right": {**self.right.summary, "totals": self.right.totals},
+            "totals_delta": _delta(self.left.totals, self.right.totals),
             "counts": {
                 kind: self.alignment.count(kind)
                 for kind in ("same", "changed", "inserted", "skipped")
@@ -402,29 +422,117 @@ class RunDiff:
         }
 
 
-def _run_summary(run: Run, totals: dict[str, Any]) -> dict[str, Any]:
+def _summary(run: Run) -> dict[str, Any]:
     return {
         "id": str(run.id),
         "agent": run.agent.slug,
         "agent_version": run.agent_version.number if run.agent_version else None,
         "status": run.status,
         "external": run.stop_reason == EXTERNAL_STOP_REASON,
+        "replay": False,
         "input": _short(redact_text(run.input)),
         "final_answer": redact_text(run.final_answer)[:ANSWER_CHARS],
         "created_at": run.created_at.isoformat(),
-        "totals": totals,
     }
+
+
+def _run_side(run: Run) -> Side:
+    steps = run_steps(run)
+    return Side(summary=_summary(run), totals=_totals(run, steps), steps=steps)
+
+
+def _diff(left: Side, right: Side) -> RunDiff:
+    return RunDiff(
+        left=left, right=right, alignment=align_runs(left.steps, right.steps)
+    )
 
 
 def run_diff(*, tenant: Tenant, left: Run, right: Run) -> RunDiff:
     """Align two runs of `tenant` (the caller has read both as the tenant's)."""
     assert left.tenant_id == tenant.id and right.tenant_id == tenant.id
-    left_steps = run_steps(left)
-    right_steps = run_steps(right)
-    return RunDiff(
-        left=left,
-        right=right,
-        alignment=align_runs(left_steps, right_steps),
-        left_steps=left_steps,
-        right_steps=right_steps,
+    return _diff(_run_side(left), _run_side(right))
+
+
+def _replayed_status(call_id: str, result: ToolResult, executed: list[str]) -> str:
+    """A replayed call's status in a ToolCall's words: the recorded tool answers
+    every call it is asked, so a call that was not asked was refused or denied."""
+    if call_id in executed:
+        return ToolCall.Status.SUCCEEDED if result.ok else ToolCall.Status.FAILED
+    if result.error is not None and result.error.code == ErrorCode.EPERM:
+        return ToolCall.Status.DENIED
+    return ToolCall.Status.REFUSED
+
+
+def _replayed_steps(run: Run, result: LoopResult) -> list[RunStep]:
+    said = {
+        message.get("tool_call_id"): str(message.get("content") or "")
+        for message in result.messages
+        if message.get("role") == "tool"
+    }
+    steps: list[RunStep] = []
+    delta: tuple[str, ...] = (_short("user: " + redact_text(run.input)),)
+    for record in result.steps:
+        reply = record.reply
+        calls = tuple(
+            StepAction(
+                tool=call.name,
+                arguments=redact(dict(call.arguments)),
+                status=_replayed_status(call.call_id, outcome, record.executed),
+                observation=_said(said.get(call.call_id, "")),
+            )
+            for call, outcome in zip(record.calls, record.results, strict=False)
+        )
+        kind: StepKind = (
+            "tool_calls"
+            if reply.tool_calls
+            else "final_answer"
+            if reply.text
+            else "model_only"
+        )
+        steps.append(
+            RunStep(
+                index=record.index,
+                kind=kind,
+                calls=calls,
+                text=redact_text(reply.text or "")[:ANSWER_CHARS],
+                model=reply.model,
+                input_tokens=reply.usage.input_tokens,
+                output_tokens=reply.usage.output_tokens,
+                input_delta=delta,
+            )
+        )
+        delta = tuple(
+            _short(f"tool {call.tool}: {call.observation or call.status}")
+            for call in calls
+        )
+    return steps
+
+
+def run_replay_diff(*, tenant: Tenant, run: Run) -> RunDiff:
+    """The run (left) beside its replay from the record under today's policy
+    and evaluator (right; runs/replay.py): where a replay differs, this shows
+    where and how."""
+    assert run.tenant_id == tenant.id
+    report = run_replay(run=run)
+    assert report.result is not None
+    result = report.result
+    steps = _replayed_steps(run, result)
+    usage = result.state.usage
+    replay = Side(
+        summary={
+            **_summary(run),
+            "status": str(result.status),
+            "replay": True,
+            "final_answer": redact_text(result.final_text or "")[:ANSWER_CHARS],
+        },
+        totals={
+            "steps": len(steps),
+            "tool_calls": sum(len(step.calls) for step in steps),
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cost": str(usage.cost),
+            "duration_s": None,
+        },
+        steps=steps,
     )
+    return _diff(_run_side(run), replay)

@@ -21,8 +21,10 @@ from runs.engine.adapters import (
     ModelError,
 )
 from runs.engine.budget import BudgetLimits, ModelPrice
+from runs.engine.disclosure import skills_from
 from runs.engine.enforcement import RetryPolicy
 from runs.engine.evaluator import Evaluator
+from runs.engine.guardrails import GuardrailSpec
 from runs.engine.loop import AgentConfig
 from runs.engine.policy import PolicyHook
 from runs.engine.tools import ToolRegistry
@@ -49,6 +51,10 @@ class RunRuntime:
     # The fallback model's price (None: no fallback); a reply's cost is priced
     # by the model that answered it.
     fallback_price: ModelPrice | None = None
+    # The model's window (price table; None: unknown) and the share of it above
+    # which the context is compacted before a call (the version's setting).
+    context_window: int | None = None
+    compaction_threshold: float = 0.8
 
     def price_of(self, reply: ModelReply | ModelError) -> ModelPrice:
         routing = getattr(reply, "routing", None) or {}
@@ -128,6 +134,7 @@ def _endpoint_client(
     tenant_id: Any,
     script: Sequence[Mapping[str, Any]],
     replies_consumed: int,
+    deadline_seconds: float | None = None,
 ) -> ModelAdapter:
     """One endpoint's adapter for one model, with its key from the tenant's
     secret store; an `UnavailableModel` when it cannot be built."""
@@ -149,7 +156,7 @@ def _endpoint_client(
             endpoint,
             model=model,
             api_key=api_key,
-            deadline_seconds=settings.RUN_MODEL_DEADLINE_SECONDS,
+            deadline_seconds=deadline_seconds or settings.RUN_MODEL_DEADLINE_SECONDS,
             script=script,
             script_position=replies_consumed,
         )
@@ -163,6 +170,26 @@ def _endpoint_client(
                 f"built: {exc}",
             ),
         )
+
+
+def guardrail_model_for(
+    spec: GuardrailSpec, *, tenant_id: Any
+) -> ModelAdapter | ModelError:
+    """The small model a guardrail asks (no breaker, no fallback: a guardrail
+    that cannot ask its model fails closed); the error when it cannot be built."""
+    endpoint = ModelEndpoint.objects.filter(tenant_id=tenant_id, slug=spec.endpoint)
+    row = endpoint.first()
+    if row is None:
+        return ModelError(
+            "configuration", f"no model endpoint {spec.endpoint!r} in this tenant"
+        )
+    client = _endpoint_client(
+        row, spec.model, tenant_id=tenant_id, script=spec.script,
+        replies_consumed=0, deadline_seconds=spec.timeout_seconds,
+    )  # fmt: skip
+    if isinstance(client, UnavailableModel):
+        return client.error
+    return client
 
 
 def model_adapter_for(
@@ -237,6 +264,7 @@ def runtime_for(
         config=AgentConfig(
             name=run.agent.slug,
             system_prompt=version.system_prompt,
+            skills=skills_from(version.skills),
             reserve_output_tokens=settings.RUN_RESERVE_OUTPUT_TOKENS,
             price=price.price,
             retry=RetryPolicy(
@@ -245,7 +273,10 @@ def runtime_for(
             ),
         ),
         registry=tool_registry_for(
-            version.tools, tenant_id=run.tenant_id, tool_settings=version.tool_settings
+            version.tools,
+            tenant_id=run.tenant_id,
+            tool_settings=version.tool_settings,
+            skills=skills_from(version.skills),
         ),
         model=model_adapter_for(
             version,
@@ -259,4 +290,6 @@ def runtime_for(
         price_known=price.known,
         budget=budget,
         fallback_price=fallback_price.price if fallback_price else None,
+        context_window=price.context_window_tokens,
+        compaction_threshold=version.compaction_threshold,
     )

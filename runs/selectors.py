@@ -40,6 +40,8 @@ from runs.models import (
     McpTool,
     ModelEndpoint,
     Run,
+    RunReview,
+    SessionEntry,
     Step,
     ToolCall,
 )
@@ -84,6 +86,7 @@ class RunListQuery:
     status: str | None = None
     agent: str | None = None
     tool: str | None = None  # a tool the run called at least once
+    end_user: str | None = None  # the end user the run serves
     created_from: dt.datetime | None = None  # inclusive
     created_to: dt.datetime | None = None  # exclusive
     cost_gt: Decimal | None = None
@@ -158,6 +161,8 @@ def run_list_for(*, tenant: Tenant, query: RunListQuery | None = None) -> QueryS
         # Exists, not a join: a run that called the tool many times is one row.
         called = ToolCall.objects.filter(run=OuterRef("pk"), tool_name=query.tool)
         runs = runs.filter(Exists(called))
+    if query.end_user:
+        runs = runs.filter(end_user=query.end_user)
     if query.trace_id:
         runs = runs.filter(trace_id=query.trace_id)
     if query.created_from is not None:
@@ -378,3 +383,40 @@ def gate_is_final(*, gate_id: Any) -> bool:
         .exclude(status=ExternalGate.Status.PENDING)
         .exists()
     )
+
+
+def run_review_list_for(
+    *, tenant: Tenant, status: str | None = None
+) -> QuerySet[RunReview]:
+    """The tenant's flagged runs, newest first."""
+    reviews = RunReview.objects.filter(tenant=tenant)
+    if status:
+        reviews = reviews.filter(status=status)
+    return reviews.select_related("run", "run__agent", "reviewed_by").order_by(
+        "-created_at"
+    )
+
+
+@dataclass(frozen=True)
+class RunSession:
+    run_id: uuid.UUID
+    leaf: str | None
+    entries: QuerySet[SessionEntry]
+
+
+def run_session_for(*, tenant: Tenant, run_id: str | uuid.UUID) -> RunSession | None:
+    """The run's session log (entries in order) and its current leaf, or None
+    (absent or another tenant's run)."""
+    try:
+        key = uuid.UUID(str(run_id))
+    except ValueError:
+        return None
+    row = (
+        Run.objects.filter(tenant=tenant, id=key)
+        .values_list("id", "engine_state__session__leaf")
+        .first()
+    )
+    if row is None:
+        return None
+    entries = SessionEntry.objects.filter(run_id=key).order_by("seq")
+    return RunSession(key, row[1], entries)

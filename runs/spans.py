@@ -52,6 +52,7 @@ __all__ = [
     "gate_span_open",
     "gate_span_settle",
     "chat_span",
+    "guard_span",
     "root_span_id",
     "run_root_end",
     "run_verdict",
@@ -476,6 +477,11 @@ class ToolRecorder:
             if ref.get("kind") == "sandbox_result":
                 self._sandbox(ref.get("result") or {})
 
+    def tools_loaded(self, names: list[str]) -> None:
+        """The deferred tools a tool_search call added to the run's tools."""
+        if names:
+            self.span.set_attribute("cp.tool_search.loaded", names)
+
     def _sandbox(self, report: dict[str, Any]) -> None:
         if not self.span.is_recording():
             return
@@ -565,6 +571,49 @@ def tool_span(run: Run, *, call: Any, effect: str = "") -> Iterator[ToolRecorder
         span_batch_flush_if_slow(),
     ):  # visible while a slow tool runs
         yield ToolRecorder(span, run)
+
+
+@contextmanager
+def under_run_root(run: Run) -> Iterator[None]:
+    """Spans started inside are children of the run's root span: work done for
+    the run outside any step (the lifecycle hooks of a run a person ended)."""
+    parent = _context_from_traceparent(traceparent_for(run)) if _traced(run) else None
+    if parent is None:
+        yield
+        return
+    token = otel_context.attach(parent)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+@contextmanager
+def guard_span(
+    run: Run, *, name: str, attributes: dict[str, Any]
+) -> Iterator[trace.Span]:
+    """`guardrail {name}` or `hook {name}` around one check; the caller sets its
+    verdict and latency (runs.services.guards)."""
+    if not _traced(run):
+        yield trace.INVALID_SPAN
+        return
+    with tracer().start_as_current_span(
+        name, attributes={**_run_attributes(run), **attributes}
+    ) as span:
+        yield span
+
+
+@contextmanager
+def compaction_span(run: Run, *, attributes: dict[str, Any]) -> Iterator[trace.Span]:
+    """`compaction` around one compaction of the run's context (its summary
+    call is a `chat` child); the caller sets what it dropped and kept."""
+    if not _traced(run):
+        yield trace.INVALID_SPAN
+        return
+    with tracer().start_as_current_span(
+        "compaction", attributes={**_run_attributes(run), **attributes}
+    ) as span:
+        yield span
 
 
 def _approval_span_id(tool_call_id: Any) -> int:

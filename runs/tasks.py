@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from typing import Any
 
 from celery import shared_task
 from celery.signals import worker_process_init
@@ -16,8 +17,10 @@ from controlplane.celery import worker_identity
 from controlplane.failpoints import failpoint
 from runs.services import DatabaseLost, recover_stalled_runs, run_advance
 from runs.services.decide import approvals_expire
+from runs.services.demo_scripts import demo_refund_while_waiting
 from runs.services.eval_runs import eval_runs_sweep, eval_trial_after_step
 from runs.services.gate_webhooks import gate_webhook_deliver, gate_webhooks_due
+from runs.services.guards import run_finished_hooks_of_ended
 from runs.services.mcp import mcp_stdio_listing_reply
 from runs.services.retention import retention_sweep
 from runs.services.rollups import runs_roll_up_all
@@ -88,6 +91,13 @@ def advance_run_task(  # type: ignore[no-untyped-def]
 def eval_runs_sweep_task() -> int:
     """Move on eval trials whose run ended or waits outside a step task."""
     return eval_runs_sweep()
+
+
+@shared_task(acks_late=False)
+def run_finished_hooks_task(*, run_id: str) -> bool:
+    """The lifecycle hooks of a run that ended outside a step (at most once:
+    they annotate, they cannot block)."""
+    return run_finished_hooks_of_ended(run_id=run_id)
 
 
 @shared_task
@@ -161,7 +171,13 @@ def expire_pending_log_messages_task() -> int:
 
 @shared_task(acks_late=False)
 def mcp_stdio_list_task(
-    *, reply_key: str, tenant_id: str, slug: str, command: list[str], network: list[str]
+    *,
+    reply_key: str,
+    tenant_id: str,
+    slug: str,
+    command: list[str],
+    network: list[str],
+    credentials: dict[str, Any] | None = None,
 ) -> None:
     """List a stdio MCP server's tools in a worker (the sandbox needs the worker's
     privileges) and leave the answer in the cache for the web request waiting."""
@@ -171,4 +187,19 @@ def mcp_stdio_list_task(
         slug=slug,
         command=command,
         network=network,
+        credentials=credentials,
     )
+
+
+# The late-approval demo asks every half second for two minutes whether its
+# run waits on the replacement's approval yet (it does within a step or two).
+DEMO_REFUND_RETRIES = 240
+
+
+@shared_task(bind=True, max_retries=DEMO_REFUND_RETRIES)
+def demo_refund_while_waiting_task(self, *, run_id: str) -> str:  # type: ignore[no-untyped-def]
+    """The late-approval demo's "meanwhile": refund the order once the run waits."""
+    outcome = demo_refund_while_waiting(run_id=run_id)
+    if outcome == "waiting":
+        raise self.retry(countdown=0.5)
+    return outcome

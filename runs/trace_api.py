@@ -41,7 +41,12 @@ from tracing.ingest import IngestError, LimitExceeded, parse_request
 from tracing.models import Span
 from tracing.services import event_message
 from tracing.store import span_event_payload
-from tracing.tree import MAX_MATCHES, span_search, span_subtree_totals
+from tracing.tree import (
+    MAX_CANDIDATES,
+    MAX_MATCHES,
+    span_search,
+    span_subtree_totals,
+)
 
 MAX_PAGE = 1000
 
@@ -109,7 +114,8 @@ class RunSpanListApi(APIView):
         responses={200: dict},
     )
     def get(self, request: Request, run_id: str) -> Response:
-        """Children of one span (or the roots), paged, oldest first."""
+        """Children of one span (or the roots), paged, oldest first; each says
+        whether it has children of its own."""
         run = _run_of(request, run_id)
         parent = request.query_params.get("parent", "")
         if parent and (len(parent) != 16 or not _is_hex(parent)):
@@ -121,7 +127,8 @@ class RunSpanListApi(APIView):
         # Stored redacted; redacted again on the way out, for rows stored before
         # the rule caught what they hold.
         spans = [
-            redact(span_event_payload(span)) for span in query[offset : offset + limit]
+            {**redact(span_event_payload(span)), "has_children": span.has_children}
+            for span in query[offset : offset + limit]
         ]
         return Response(
             {
@@ -165,12 +172,15 @@ class RunSpanSearchApi(APIView):
                              "status (error: also abandoned)"),
             OpenApiParameter("span_id", str, description="one span (deep link)"),
             OpenApiParameter("limit", int, description=f"at most {MAX_MATCHES}"),
+            OpenApiParameter("offset", int, description="matches to skip, in row "
+                             "order (count is always all of them)"),
         ],
         responses={200: dict},
     )  # fmt: skip
     def get(self, request: Request, run_id: str) -> Response:
         """Spans of the run matching a search, in the tree's row order, each
-        with its path from the root; `spans` holds every match and ancestor."""
+        with its path from the root; `spans` holds every match sent and its
+        ancestors. `limit` matches from `offset`; `count` counts them all."""
         run = _run_of(request, run_id)
         text = request.query_params.get("q", "")
         status = request.query_params.get("status", "")
@@ -186,9 +196,10 @@ class RunSpanSearchApi(APIView):
         if not (text.strip() or status or span_id):
             raise ValidationError({"q": ["give q, status or span_id"]})
         limit = _bounded_int(request, "limit", MAX_MATCHES, maximum=MAX_MATCHES) or 1
+        offset = _bounded_int(request, "offset", 0, maximum=MAX_CANDIDATES)
         result = span_search(
             run_id=run.id, text=text, status=status, span_id=span_id.lower(),
-            limit=limit,
+            limit=limit, offset=offset,
         )  # fmt: skip
         spans = [*result.ancestors, *result.matches]
         return Response(

@@ -6,13 +6,20 @@ from runs import (
     approvals_api,
     budget_api,
     data_api,
+    demo_scripts_api,
     diff_api,
+    eval_compare_api,
+    eval_external_api,
+    eval_proposals_api,
     eval_runs_api,
     evals_api,
     gates_api,
     mcp_api,
+    memory_api,
     overview_api,
     reservations_api,
+    reviews_api,
+    session_api,
     trace_api,
 )
 
@@ -43,11 +50,31 @@ urlpatterns = [
         evals_api.EvalCaseDetailApi.as_view(),
         name="api-eval-case",
     ),
+    path(
+        "evals/suites/<slug:slug>/runs/",
+        eval_compare_api.EvalSuiteRunListApi.as_view(),
+        name="api-eval-suite-runs",
+    ),
     path("evals/runs/", eval_runs_api.EvalRunListApi.as_view(), name="api-eval-runs"),
     path(
         "evals/runs/<uuid:eval_run_id>/",
         eval_runs_api.EvalRunDetailApi.as_view(),
         name="api-eval-run",
+    ),
+    path(
+        "evals/runs/<uuid:eval_run_id>/trials/<uuid:trial_id>/result/",
+        eval_external_api.EvalTrialReportApi.as_view(),
+        name="api-eval-trial-result",
+    ),
+    path(
+        "evals/runs/<uuid:eval_run_id>/verdict/",
+        eval_external_api.EvalRunVerdictApi.as_view(),
+        name="api-eval-run-verdict",
+    ),
+    path(
+        "evals/runs/<uuid:eval_run_id>/compare/<uuid:other_id>/",
+        eval_compare_api.EvalRunCompareApi.as_view(),
+        name="api-eval-run-compare",
     ),
     path("gates/", gates_api.GateListApi.as_view(), name="api-gates"),
     path("gates/<uuid:gate_id>/", gates_api.gate_detail, name="api-gate"),
@@ -107,7 +134,22 @@ urlpatterns = [
         name="api-run-diff",
     ),
     path(
+        "runs/<str:run_id>/replay-diff/",
+        diff_api.RunReplayDiffApi.as_view(),
+        name="api-run-replay-diff",
+    ),
+    path(
+        "runs/<str:run_id>/case-proposal/",
+        eval_proposals_api.RunCaseProposalApi.as_view(),
+        name="api-run-case-proposal",
+    ),
+    path(
         "runs/<str:run_id>/cancel/", api.RunCancelApi.as_view(), name="api-run-cancel"
+    ),
+    path(
+        "runs/<str:run_id>/session/",
+        session_api.RunSessionApi.as_view(),
+        name="api-run-session",
     ),
     path(
         "runs/<str:run_id>/export/",
@@ -143,6 +185,17 @@ urlpatterns = [
     ),
     path("retention/", data_api.RetentionApi.as_view(), name="api-retention"),
     path("budget/", budget_api.BudgetApi.as_view(), name="api-budget"),
+    path("end-users/", memory_api.EndUserListApi.as_view(), name="api-end-users"),
+    path(
+        "end-users/<str:end_user>/memory/",
+        memory_api.EndUserMemoryApi.as_view(),
+        name="api-end-user-memory",
+    ),
+    path(
+        "end-users/<str:end_user>/budget/",
+        budget_api.EndUserBudgetApi.as_view(),
+        name="api-end-user-budget",
+    ),
     path(
         "budget/activity/",
         budget_api.BudgetActivityApi.as_view(),
@@ -183,6 +236,22 @@ urlpatterns = [
         "approval-rules/<uuid:rule_id>/",
         approvals_api.ApprovalRuleDetailApi.as_view(),
         name="api-approval-rule",
+    ),
+    path(
+        "demo-scripts/",
+        demo_scripts_api.DemoScriptListApi.as_view(),
+        name="api-demo-scripts",
+    ),
+    path(
+        "demo-scripts/<slug:slug>/start/",
+        demo_scripts_api.DemoScriptStartApi.as_view(),
+        name="api-demo-script-start",
+    ),
+    path("reviews/", reviews_api.RunReviewListApi.as_view(), name="api-reviews"),
+    path(
+        "reviews/<uuid:review_id>/reviewed/",
+        reviews_api.RunReviewDoneApi.as_view(),
+        name="api-review-done",
     ),
     path("mcp-servers/", mcp_api.McpServerListApi.as_view(), name="api-mcp-servers"),
     path(

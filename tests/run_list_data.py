@@ -37,6 +37,8 @@ TOOLS_CALLED: dict[str, list[str]] = {
     "lid": ["lookup_order", "create_replacement"],
     "ping": ["run_code"],
 }
+# The end user each run serves; the others serve none.
+END_USERS = {"refund": "c-8812", "lid": "c-8812", "parcel": "c-1234"}
 KIND_OF = {
     "approval": ApprovalRequest.Kind.TOOL_CALL,
     "input": ApprovalRequest.Kind.TOOL_ERROR,
@@ -58,6 +60,7 @@ def seed_run_list(tenant: Any, user: Any) -> dict[str, Run]:
             agent_version=agents[slug].current_version,
             started_by=user,
             input=text,
+            end_user=END_USERS.get(name, ""),
             final_answer=answer,
             status=status,
             cost=Decimal(cost),

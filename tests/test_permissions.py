@@ -15,7 +15,14 @@ from controlplane.models import ApiToken, Membership, Role
 from controlplane.permissions import MATRIX, Action, role_may
 from controlplane.secrets import secret_exists, secret_set
 from controlplane.services import api_token_issue, api_token_revoke
-from runs.models import EvalSuite, ExternalGate, McpServer, ModelEndpoint, Run
+from runs.models import (
+    EvalSuite,
+    ExternalGate,
+    McpServer,
+    MemoryFile,
+    ModelEndpoint,
+    Run,
+)
 from runs.services import run_cancel, run_start
 from tests.runs import conftest as runs_fixtures
 
@@ -48,6 +55,8 @@ EXPECTED = {
     Action.TOKEN_MANAGE_ANY:  (True,  False, False),
     Action.EVAL_READ:         (True,  True,  True),
     Action.EVAL_WRITE:        (True,  True,  False),
+    Action.MEMORY_READ:       (True,  True,  True),
+    Action.MEMORY_DELETE:     (True,  False, False),
 }  # fmt: skip
 demo_agent = runs_fixtures.demo_agent
 shop = runs_fixtures.shop
@@ -240,10 +249,25 @@ def perform(action: Action, user: Any, tenant: Any, request: Any) -> bool:
         assert EvalSuite.objects.filter(tenant=tenant).exists() == (
             response.status_code == 201
         )
+    elif action is Action.MEMORY_READ:
+        _memory_file(tenant)
+        response = api.get("/api/v1/end-users/c-8812/memory/")
+    elif action is Action.MEMORY_DELETE:
+        _memory_file(tenant)
+        response = api.delete("/api/v1/end-users/c-8812/memory/")
+        gone = not MemoryFile.objects.filter(tenant=tenant).exists()
+        assert gone == (response.status_code == 200)
     else:  # pragma: no cover - STREAM_READ has its own async test
         raise AssertionError(action)
     assert response.status_code in (200, 201, 204, 403), response.content
     return response.status_code != 403
+
+
+def _memory_file(tenant: Any) -> None:
+    MemoryFile.objects.create(
+        tenant=tenant, end_user="c-8812", path="/memories/a.md",
+        entries=[{"date": "2026-10-29", "text": "x", "key": ""}], size_chars=1,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -112,9 +112,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     context = root / "context"
     shutil.copytree(BASE_DIR, context, ignore=_ignored(patterns))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    # The build backend comes from the project venv (a dev requirement): an
+    # isolated build would fetch setuptools from the index, and a slow index
+    # once held CI to its deadline.
     subprocess.run(
-        [*pip, "wheel", "-q", "--no-deps", "-w", str(root / "wheels"), str(context)],
-        check=True, capture_output=True, cwd=root,
+        [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(root / "wheels"), str(context)],
+        check=True, capture_output=True, cwd=root, timeout=300,
     )  # fmt: skip
     venv = root / "venv"
     subprocess.run(
@@ -123,8 +127,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (wheel,) = (root / "wheels").glob("*.whl")
     subprocess.run(
         [*pip, "--python", str(venv / "bin" / "python"), "install", "-q",
-         "--no-deps", str(wheel)],
-        check=True, capture_output=True, cwd=root,
+         "--no-deps", "--no-index", str(wheel)],
+        check=True, capture_output=True, cwd=root, timeout=300,
     )  # fmt: skip
     site = Path(
         subprocess.run(

@@ -5,9 +5,9 @@ Runs are named by id: whether a run is the tenant's is the runs app's question
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
 from controlplane.models import Tenant
 from tracing.models import RunEvent, Span, SpanPayload
@@ -34,10 +34,26 @@ def tenant_events_after(*, tenant: Tenant, after_id: int) -> QuerySet[RunEvent]:
     return query.filter(run__tenant=tenant, id__gt=after_id).order_by("id")
 
 
-def span_children(*, run_id: Any, parent_span_id: str) -> QuerySet[Span]:
-    """Spans of the run whose parent is `parent_span_id` ("" for the roots)."""
-    return Span.objects.filter(run_id=run_id, parent_span_id=parent_span_id).order_by(
-        "started_at", "id"
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+    class _HasChildren(TypedDict):
+        has_children: bool
+
+    SpanWithChildren = WithAnnotations[Span, _HasChildren]
+
+
+def span_children(*, run_id: Any, parent_span_id: str) -> QuerySet[SpanWithChildren]:
+    """Spans of the run whose parent is `parent_span_id` ("" for the roots),
+    each with `has_children` (one index probe a row): the browser then knows a
+    leaf as one, so a trace opened whole is searched without the server."""
+    below = Span.objects.filter(
+        run_id=OuterRef("run_id"), parent_span_id=OuterRef("span_id")
+    )
+    return (
+        Span.objects.filter(run_id=run_id, parent_span_id=parent_span_id)
+        .annotate(has_children=Exists(below))
+        .order_by("started_at", "id")
     )
 
 

@@ -63,6 +63,13 @@ RUN_TOOL_RETRY_BACKOFF_SECONDS = env.number(
 # The tenant's approval rules (approvals app) applied by runs; fail-safe: a raising
 # hook denies.
 RUN_POLICY_HOOK = "runs.services.policy.tenant_policy"
+# Hook types an operator installs beside the built-in ones (runs.engine.hooks):
+# dotted paths of mappings name -> HookType. Agent versions pick from them.
+RUN_EXTRA_HOOK_TYPES = env.items(
+    "RUN_EXTRA_HOOK_TYPES",
+    "",
+    help="Comma-separated dotted paths of extra hook-type registries.",
+)
 # The last resort against a step that never ends (SIGKILL, then redelivery). A
 # step's model call ends within RUN_MODEL_DEADLINE_SECONDS (its lease is renewed
 # meanwhile); the minute beyond the larger of that and the lease is for the
@@ -97,6 +104,10 @@ CELERY_BEAT_SCHEDULE["runs-eval-sweep"] = {
     "schedule": EVAL_SWEEP_INTERVAL_SECONDS,
 }
 DEMO_SEEDERS.append("runs.demo.demo_seed_shop")
+DEMO_SEEDERS.append("runs.demo.demo_seed_eval_task_07")
+# The eval suite first: it needs no sandbox, so a host without bubblewrap (where
+# the warranty agent's seed is refused) still gets it.
+DEMO_API_SEEDERS.append("runs.evals.demo.demo_seed_evals_through_api")
 DEMO_API_SEEDERS.append("runs.demo_warranty.demo_seed_warranty_agent")
 METRICS_COLLECTORS.append("runs.metrics.run_gauges")
 
@@ -287,3 +298,17 @@ CELERY_BEAT_SCHEDULE["gate-webhooks-due"] = {
     "task": "runs.tasks.gate_webhooks_due_task",
     "schedule": GATE_WEBHOOK_SWEEP_INTERVAL_SECONDS,
 }
+
+# End users' memory (docs/memory.md): what the `memory` tool may keep per end user.
+MEMORY_MAX_ENTRY_CHARS = env.integer(
+    "MEMORY_MAX_ENTRY_CHARS",
+    2_000,
+    minimum=1,
+    help="Longest text of one memory entry.",
+)
+MEMORY_MAX_USER_CHARS = env.integer(
+    "MEMORY_MAX_USER_CHARS",
+    50_000,
+    minimum=1,
+    help="Characters of memory kept for one end user, over all their files.",
+)

@@ -4,7 +4,8 @@ The script is a JSON list of replies in the scripted model's format
 (`{"text": ...}` or `{"tool_calls": [{"name": ..., "arguments": {...}}]}`); the
 reply to a request is the entry at its number of assistant turns (the last one
 again once the script runs out). `--demo` serves the demo's own script
-(runs/devserver/demo.py) instead of a file.
+(runs/devserver/demo.py) instead of a file, and answers requests for the model
+`scripted-judge` as the demo suite's LLM judge (runs/devserver/judge.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import threading
 from pathlib import Path
 
 from runs.devserver import SERVERS
-from runs.devserver.demo import DEMO_WARRANTY_SCRIPT
+from runs.devserver.demo import DEMO_JUDGE_MODEL, DEMO_WARRANTY_SCRIPT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model", default="", help="model name to answer with")
     parser.add_argument(
+        "--judge-model",
+        default="",
+        help="answer requests for this model as the scripted eval judge "
+        f"(--demo: {DEMO_JUDGE_MODEL})",
+    )
+    parser.add_argument(
         "--chunk-delay", type=float, default=0.03, help="seconds between stream events"
     )
     args = parser.parse_args(argv)
@@ -45,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         chunk_delay=args.chunk_delay,
         model=args.model,
+        judge_model=args.judge_model or (DEMO_JUDGE_MODEL if args.demo else ""),
     ).start()
     print(f"{args.protocol} model server on {server.base_url}", flush=True)
     done = threading.Event()

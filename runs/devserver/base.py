@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from runs.devserver.judge import judge_request_reply
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -89,8 +91,12 @@ class ModelServer:
         host: str = "127.0.0.1",
         chunk_delay: float = 0.0,
         model: str = "",
+        judge_model: str = "",
     ) -> None:
         self.script = [Reply.from_entry(entry) for entry in script]
+        # Requests for this model are eval judge prompts, answered by the
+        # scripted judge (judge.py) instead of the script.
+        self.judge_model = judge_model
         self.chunk_delay = chunk_delay
         self.model = model
         self.queue: list[Behaviour] = []
@@ -157,6 +163,9 @@ class ModelServer:
         with self._lock:
             if self.queue:
                 return self.queue.pop(0)
+        if self.judge_model and body.get("model") == self.judge_model:
+            verdict = Reply(text=judge_request_reply(body))
+            return Behaviour(reply=verdict, chunk_delay=self.chunk_delay)
         if not self.script:
             return Behaviour(
                 status=500,

@@ -14,6 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 DEMO_MODEL = "kettlecraft-local"
+# The model name the demo suite's `llm_judge` graders ask for: `--demo` answers
+# it with the scripted judge (judge.py), not the script below.
+DEMO_JUDGE_MODEL = "scripted-judge"
 # The model-visible name of the MCP tool `mcp:warranty/warranty_lookup`
 # (runs.mcp.endpoint.mcp_model_name; a test checks they agree).
 WARRANTY_TOOL = "warranty_warranty_lookup"

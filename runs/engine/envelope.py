@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -146,6 +147,26 @@ class ToolResult:
         )
         return cls(ok=False, data=data, error=error, refs=refs, cost=dict(cost or {}))
 
+    def without_values(self, values: Iterable[str]) -> ToolResult:
+        """A copy with every occurrence of `values` (as they are, or JSON-escaped)
+        in its data, error message and refs replaced by SECRET_HIDDEN."""
+        forms = sorted(
+            {form for value in values if value for form in (value, _escaped(value))},
+            key=len,
+            reverse=True,  # the longer form first: an escaped one contains the raw
+        )
+        if not forms:
+            return self
+        error = self.error
+        if error is not None:
+            error = replace(error, message=_without(error.message, forms))
+        return replace(
+            self,
+            data=_without(self.data, forms),
+            error=error,
+            refs=tuple(_without(dict(ref), forms) for ref in self.refs),
+        )
+
     def with_cost(self, **cost: Any) -> ToolResult:
         """A copy with `cost` entries added (e.g. latency measured by the host)."""
         return ToolResult(
@@ -200,3 +221,22 @@ class ToolFailure(Exception):
             suggested_action=suggested_action,
             data=data,
         )
+
+
+SECRET_HIDDEN = "[REDACTED]"
+
+
+def _escaped(value: str) -> str:
+    return json.dumps(value)[1:-1]
+
+
+def _without(value: Any, forms: list[str]) -> Any:
+    if isinstance(value, str):
+        for form in forms:
+            value = value.replace(form, SECRET_HIDDEN)
+        return value
+    if isinstance(value, Mapping):
+        return {_without(k, forms): _without(v, forms) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without(item, forms) for item in value]
+    return value

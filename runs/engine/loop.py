@@ -21,6 +21,11 @@ from runs.engine.budget import (
     ModelPrice,
     charge_model_call,
 )
+from runs.engine.disclosure import (
+    Skill,
+    remember_loaded,
+    system_prompt_with_skills,
+)
 from runs.engine.enforcement import (
     REPEATED_ERROR_RULE,
     ContractLedger,
@@ -44,6 +49,7 @@ from runs.engine.policy import (
     default_policy,
 )
 from runs.engine.progress import DEFAULT_MAX_RETRIES, ProgressTracker
+from runs.engine.session import SessionCursor
 from runs.engine.step import (
     GateVerdict,
     ModelCallPlan,
@@ -73,6 +79,8 @@ class AgentConfig:
     max_retries: int = DEFAULT_MAX_RETRIES  # the no-progress window is this + 1
     tool_timeout_seconds: float | None = None  # None: each tool's own timeout
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # automatic retries
+    # Their index follows the system prompt; the registry holds load_skill.
+    skills: tuple[Skill, ...] = ()
 
 
 @dataclass
@@ -85,11 +93,27 @@ class EngineState:
     stop_reason: StopReason | None = None
     final_text: str | None = None
     contract: ContractLedger = field(default_factory=ContractLedger)
+    # The run's start checks (input guardrails, run_started and before_agent
+    # hooks) ran and passed: a step taken again after a crash does not repeat
+    # them (a context hook would add its text twice).
+    preflight_done: bool = False
+    # The deferred tools tool_search found, sent to the model from then on.
+    loaded_tools: list[str] = field(default_factory=list)
+    # Where the run's session log stands (runs.engine.session): the transcript
+    # above is the context the log rebuilds to from `session.leaf`.
+    session: SessionCursor = field(default_factory=SessionCursor)
+    # Compactions of the context so far; model calls that failed as too long
+    # and were retried after one (a scripted model's script used a reply).
+    compactions: int = 0
+    overflow_retries: int = 0
 
     @classmethod
     def start(cls, config: AgentConfig, user_input: str) -> EngineState:
         return cls(
-            transcript=Transcript.start(config.system_prompt, user_input),
+            transcript=Transcript.start(
+                system_prompt_with_skills(config.system_prompt, config.skills),
+                user_input,
+            ),
             progress=ProgressTracker(window=config.max_retries + 1),
         )
 
@@ -106,6 +130,16 @@ class EngineState:
         }
         if not self.contract.empty:  # most runs count nothing here
             data["contract"] = self.contract.to_dict()
+        if self.preflight_done:
+            data["preflight_done"] = True
+        if self.loaded_tools:
+            data["loaded_tools"] = list(self.loaded_tools)
+        if self.session.next_seq:
+            data["session"] = self.session.to_dict()
+        if self.compactions:
+            data["compactions"] = self.compactions
+        if self.overflow_retries:
+            data["overflow_retries"] = self.overflow_retries
         return data
 
     def to_json(self, data: Mapping[str, Any] | None = None) -> str:
@@ -131,6 +165,11 @@ class EngineState:
             stop_reason=None if reason is None else StopReason(reason),
             final_text=data.get("final_text"),
             contract=ContractLedger.from_dict(data.get("contract")),
+            preflight_done=bool(data.get("preflight_done", False)),
+            loaded_tools=[str(name) for name in data.get("loaded_tools") or []],
+            session=SessionCursor.from_dict(data.get("session")),
+            compactions=int(data.get("compactions", 0)),
+            overflow_retries=int(data.get("overflow_retries", 0)),
         )
 
 
@@ -238,7 +277,6 @@ class _InProcessRun:
     def __post_init__(self) -> None:
         self.state = EngineState.start(self.config, self.user_input)
         self.started = self.clock()
-        self.tools = self.registry.model_tools()
         self.policy_context = PolicyContext(
             run_id=self.run_id,
             tenant_id=self.tenant_id,
@@ -268,17 +306,19 @@ class _InProcessRun:
             if self._is_cancelled():
                 return StopReason.CANCELLED
             messages = state.transcript.messages
+            # Each turn: the direct tools and those tool_search found so far.
+            tools = self.registry.model_tools(state.loaded_tools)
             plan = plan_model_call(
                 state.usage,
                 self.limits,
                 state.transcript,
-                self.tools,
+                tools,
                 reserve_output_tokens=self.config.reserve_output_tokens,
                 price=self.config.price,
             )
             if not isinstance(plan, ModelCallPlan):
                 return plan
-            reply = call_model(self.model, messages, self.tools, plan)
+            reply = call_model(self.model, messages, tools, plan)
             if isinstance(reply, ModelError):
                 self.model_error = reply
                 return StopReason.MODEL_ERROR
@@ -310,7 +350,13 @@ class _InProcessRun:
         for call in record.calls:
             if self._is_cancelled():
                 return StopReason.CANCELLED
-            gate = gate_tool_call(call, self.registry, self.policy, self.policy_context)
+            gate = gate_tool_call(
+                call,
+                self.registry,
+                self.policy,
+                self.policy_context,
+                loaded=self.state.loaded_tools,
+            )
             if gate.verdict is GateVerdict.NEEDS_APPROVAL:
                 assert gate.tool is not None and gate.decision is not None
                 if self.approver is None:
@@ -347,6 +393,7 @@ class _InProcessRun:
             self.state.usage = outcome.usage
             if outcome.executed:
                 record.executed.append(call.call_id)
+                remember_loaded(self.state.loaded_tools, call.name, outcome.result)
             self._record(record, call, outcome.result)
             if outcome.stop_reason is not None:
                 return outcome.stop_reason
@@ -375,7 +422,9 @@ class _InProcessRun:
             self.state.transcript,
             call,
             result,
-            observation_chars=self.config.observation_chars,
+            observation_chars=self.registry.observation_chars_for(
+                call.name, self.config.observation_chars
+            ),
         )
         record.results.append(result)
         if artifact is not None:

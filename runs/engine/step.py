@@ -12,7 +12,7 @@ Order per step (DESIGN.md §4):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -38,6 +38,7 @@ from runs.engine.budget import (
     estimate_input_tokens,
     model_call_reservation,
 )
+from runs.engine.disclosure import not_loaded_result
 from runs.engine.enforcement import (
     NO_RETRIES,
     ContractLedger,
@@ -193,16 +194,24 @@ def gate_tool_call(
     registry: ToolRegistry,
     policy: PolicyHook,
     context: PolicyContext,
+    *,
+    loaded: Collection[str] = (),
 ) -> CallGate:
-    """Lookup (ENOTOOL) → strict validation (EINVAL) → policy (fail-safe)."""
+    """Lookup (ENOTOOL) → strict validation (EINVAL) → policy (fail-safe).
+
+    `loaded`: the deferred tools tool_search found in this run; another deferred
+    tool is refused as not loaded (docs/agents.md, Tool exposure)."""
     if call.parse_error is not None:
         result = ToolResult.failure(
             ErrorCode.EINVAL, f"{call.name}: {call.parse_error}"
         )
         return CallGate(GateVerdict.REFUSE, call, result=result)
     tool = registry.get(call.name)
+    if tool is not None and tool.deferred and tool.name not in loaded:
+        return CallGate(GateVerdict.REFUSE, call, result=not_loaded_result(call.name))
     if tool is None:
-        listed = ", ".join(registry.names[:_MAX_LISTED_TOOLS])
+        visible = [t.name for t in registry.visible(loaded)]
+        listed = ", ".join(visible[:_MAX_LISTED_TOOLS])
         result = ToolResult.failure(
             ErrorCode.ENOTOOL, f"there is no tool named {call.name!r}; tools: {listed}"
         )
@@ -259,6 +268,8 @@ def execute_call(
     *,
     run_id: str,
     tenant_id: str = "",
+    world_id: str = "",
+    end_user: str = "",
     sandbox: Callable[..., Any] | None = None,
     timeout_seconds: float | None = None,
     ledger: ContractLedger | None = None,
@@ -289,6 +300,8 @@ def execute_call(
         run_id,
         call.call_id,
         tenant_id=tenant_id,
+        world_id=world_id,
+        end_user=end_user,
         sandbox=sandbox,
         allowed_secrets=tool.contract.scope.secrets,
         secret_reader=secret_reader,

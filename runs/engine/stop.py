@@ -20,7 +20,17 @@ class StopReason(StrEnum):
     # suggested action did not ask for a person (or the person said stop).
     REPEATED_ERROR = "repeated_error"
     CANCELLED = "cancelled"
+    # An input or output guardrail tripped (the run answers with its refusal),
+    # or could not run (its model unreachable): it fails closed.
+    GUARDRAIL_TRIPPED = "guardrail_tripped"
+    GUARDRAIL_UNAVAILABLE = "guardrail_unavailable"
+    # A hook refused the run or stopped it; or failed, which blocks too.
+    HOOK_BLOCKED = "hook_blocked"
+    HOOK_FAILED = "hook_failed"
     MODEL_ERROR = "model_error"
+    # The context had to be compacted and the compaction failed (it is never
+    # tried again: a failing summary call would fail again, and bill again).
+    COMPACTION_FAILED = "compaction_failed"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -57,6 +67,11 @@ BUDGET_STOP_REASONS = frozenset(
     }
 )
 
+# A safety layer said no (a guardrail or hook failing is `failed`: nobody said no).
+BLOCKED_STOP_REASONS = frozenset(
+    {StopReason.POLICY_DENIED, StopReason.GUARDRAIL_TRIPPED, StopReason.HOOK_BLOCKED}
+)
+
 
 def terminal_status(reason: StopReason, evaluation: Evaluation | None) -> RunStatus:
     """The run status for a stop reason; `done` needs the evaluator's verdict.
@@ -72,7 +87,7 @@ def terminal_status(reason: StopReason, evaluation: Evaluation | None) -> RunSta
         return RunStatus.FAILED
     if reason in BUDGET_STOP_REASONS:
         return RunStatus.BUDGET_EXHAUSTED
-    if reason is StopReason.POLICY_DENIED:
+    if reason in BLOCKED_STOP_REASONS:
         return RunStatus.POLICY_BLOCKED
     if reason is StopReason.CANCELLED:
         return RunStatus.CANCELLED

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -44,6 +44,11 @@ class ToolContext:
     call_id: str
     tenant_id: str = ""
     idempotency_key: str = ""
+    # The world the call acts in (an eval trial's own shop); "": the tenant's real
+    # one. Opaque here: the tools that keep state scope their rows by it.
+    world_id: str = ""
+    # The end user the run serves ("" for none): the scope of its memory.
+    end_user: str = ""
     sandbox: Callable[..., Any] | None = None  # the host's sandbox runner entry
     attributes: Mapping[str, Any] = field(default_factory=dict)
     allowed_secrets: frozenset[str] = frozenset()
@@ -56,6 +61,8 @@ class ToolContext:
         call_id: str,
         *,
         tenant_id: str = "",
+        world_id: str = "",
+        end_user: str = "",
         sandbox: Callable[..., Any] | None = None,
         attributes: Mapping[str, Any] | None = None,
         allowed_secrets: frozenset[str] = frozenset(),
@@ -66,6 +73,8 @@ class ToolContext:
             call_id=call_id,
             tenant_id=tenant_id,
             idempotency_key=idempotency_key_for(run_id, call_id),
+            world_id=world_id,
+            end_user=end_user,
             sandbox=sandbox,
             attributes=dict(attributes or {}),
             allowed_secrets=allowed_secrets,
@@ -108,6 +117,12 @@ class Tool:
     handler: ToolHandler
     check_preconditions: PreconditionCheck | None = None
     timeout_seconds: float | None = DEFAULT_TOOL_TIMEOUT_SECONDS
+    # Exposure (docs/agents.md): a deferred tool is not sent to the model until
+    # `tool_search` found it in this run, and is not callable before.
+    deferred: bool = False
+    # The observation bound of this tool's results, when it is not the run's
+    # (a skill's body is returned whole).
+    observation_chars: int | None = None
 
     def __post_init__(self) -> None:
         if self.contract.preconditions and self.check_preconditions is None:
@@ -155,9 +170,24 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
-    def model_tools(self) -> list[dict[str, Any]]:
+    def visible(self, loaded: Collection[str] = ()) -> list[Tool]:
+        """The tools sent to the model: every direct tool, and the deferred ones
+        `loaded` names (found through tool_search), in registration order."""
+        return [t for t in self._tools.values() if not t.deferred or t.name in loaded]
+
+    def model_tools(self, loaded: Collection[str] = ()) -> list[dict[str, Any]]:
         """The `tools` list for the model: name, description and schema only."""
-        return [tool.contract.model_view() for tool in self._tools.values()]
+        return [tool.contract.model_view() for tool in self.visible(loaded)]
+
+    @property
+    def deferred(self) -> list[Tool]:
+        return [tool for tool in self._tools.values() if tool.deferred]
+
+    def observation_chars_for(self, name: str, default: int) -> int:
+        tool = self._tools.get(name)
+        if tool is None or tool.observation_chars is None:
+            return default
+        return max(default, tool.observation_chars)
 
 
 def unmet_precondition(
@@ -221,6 +251,7 @@ def execute_tool(
     """
     timeout = tool.timeout_seconds if timeout_seconds is None else timeout_seconds
     args = dict(arguments)
+    context, read = _remembering_secrets(context)
     started = time.monotonic()
     if timeout is None:
         result = _call_handler(tool, args, context)
@@ -244,7 +275,25 @@ def execute_tool(
                 retryable=not uncertain,
             )
     latency_ms = int((time.monotonic() - started) * 1000)
-    return result.with_cost(latency_ms=latency_ms)
+    # A secret the call read never comes back in its result (a server may say
+    # its own token back): the result becomes the model's observation, a row and
+    # a span.
+    return result.without_values(list(read)).with_cost(latency_ms=latency_ms)
+
+
+def _remembering_secrets(context: ToolContext) -> tuple[ToolContext, list[str]]:
+    """The context with a reader that remembers each value it hands out."""
+    read: list[str] = []
+    reader = context.secret_reader
+    if reader is None or not context.allowed_secrets:
+        return context, read
+
+    def remembering(name: str) -> str:
+        value = reader(name)
+        read.append(value)
+        return value
+
+    return replace(context, secret_reader=remembering), read
 
 
 def unknown_outcome_result(tool_name: str) -> ToolResult:

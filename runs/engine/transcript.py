@@ -38,6 +38,11 @@ class Transcript:
     _encoded: list[str] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
+    # Indexes of messages changed in place since the session log last looked
+    # (`take_edited`): the log records them as `context_edit`s.
+    _edited: set[int] = field(
+        default_factory=set, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def start(cls, system_prompt: str, user_input: str) -> Transcript:
@@ -65,6 +70,20 @@ class Transcript:
         if call_id not in self.open_calls():
             raise TranscriptError(f"no open tool call {call_id!r} in this round")
         self.messages.append(dict(message))
+
+    def add_context(self, text: str) -> None:
+        """Add host context (a `before_agent` hook's) to the instructions, before
+        the model's first call: appended to the system message, or one made."""
+        if any(m.get("role") == "assistant" for m in self.messages):
+            raise TranscriptError("context is added before the model's first turn")
+        first = self.messages[0] if self.messages else None
+        if first is not None and first.get("role") == "system":
+            first["content"] = f"{first.get('content') or ''}\n\n{text}"
+            self._edited.add(0)
+        else:
+            self.messages.insert(0, {"role": "system", "content": text})
+            self._edited = {index + 1 for index in self._edited}
+        self._encoded.clear()
 
     def append_user_note(self, text: str) -> None:
         """Host feedback outside any tool call (e.g. an unusable reply)."""
@@ -98,7 +117,8 @@ class Transcript:
     def note_on_result(self, call_id: str, note: str) -> str | None:
         """Add a host note to the `tool` message answering `call_id` (inside its
         JSON body when it has one); returns the new content, None if no such message."""
-        for message in reversed(self.messages):
+        for index in range(len(self.messages) - 1, -1, -1):
+            message = self.messages[index]
             if message.get("role") == "tool" and message.get("tool_call_id") == call_id:
                 try:
                     body = json.loads(message["content"])
@@ -109,8 +129,29 @@ class Transcript:
                 except (ValueError, TypeError):
                     message["content"] = f"[{note}] {message['content']}"
                 self._encoded.clear()
+                self._edited.add(index)
                 return str(message["content"])
         return None
+
+    def replace_message(
+        self, index: int, message: Mapping[str, Any], *, edited: bool = True
+    ) -> None:
+        """Put `message` at `index` (what a `context_edit` does to the context);
+        `edited=False` when the caller logs the edit itself."""
+        self.messages[index] = dict(message)
+        self._encoded.clear()
+        if edited:
+            self._edited.add(index)
+
+    def reset(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """The context after a compaction: these messages, logged by the caller."""
+        self.messages = [dict(message) for message in messages]
+        self._encoded.clear()
+        self._edited.clear()
+
+    def take_edited(self) -> set[int]:
+        edited, self._edited = self._edited, set()
+        return edited
 
     def messages_json(self) -> str:
         """The messages as `json.dumps(messages, ensure_ascii=False)` gives them.

@@ -210,6 +210,10 @@ def json_type_name(value: object) -> str:
     return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
 
 
+# Errors about a value's form, which a field's description can explain.
+_HINTED = frozenset({"pattern", "format", "enum", "minLength", "maxLength"})
+
+
 def _clip(message: str) -> str:
     if len(message) <= MAX_MESSAGE_CHARS:
         return message
@@ -243,7 +247,14 @@ def _messages_for(error: ValidationError) -> list[str]:
             f"{json_path(path)}: expected {wanted}, "
             f"got {json_type_name(error.instance)}"
         ]
-    return [f"{json_path(path)}: {_clip(error.message)}"]
+    message = f"{json_path(path)}: {error.message}"
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    hint = schema.get("description")
+    if error.validator in _HINTED and isinstance(hint, str) and hint:
+        # The field's own description says what is expected ("Order number
+        # without '#'"), which makes the error actionable (spec §2.1 ch. 3).
+        message = f"{message}; expected: {hint}"
+    return [_clip(message)]
 
 
 def validate_arguments(schema: Mapping[str, Any], arguments: object) -> list[str]:

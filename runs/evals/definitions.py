@@ -273,7 +273,7 @@ def _check_approval(value: Any, path: str, problems: Problems) -> None:
 
 
 ORDER_KEYS = ("order_id", "customer", "item", "amount", "status", "damaged",
-              "delivered_days_ago")  # fmt: skip
+              "delivered_days_ago", "note")  # fmt: skip
 
 
 def _check_order(value: Any, path: str, problems: Problems) -> None:
@@ -285,6 +285,7 @@ def _check_order(value: Any, path: str, problems: Problems) -> None:
     _text(data, "customer", path, problems, limit=200)
     _text(data, "item", path, problems, limit=200)
     _text(data, "status", path, problems, required=False, limit=32)
+    _text(data, "note", path, problems, required=False, blank=True, limit=2000)
     _flag(data, "damaged", path, problems)
     amount = data.get("amount")
     if "amount" not in data:

@@ -1,7 +1,8 @@
-"""Graders read the trace (spec §2.5): each judges one finished run from its
-recorded tool calls, its final answer, the demo shop's state after it, or an
-LLM judge's verdict, and says (passed, reason). A case passes only if every
-grader passes; a grader that could not judge is an error, never a pass.
+"""Graders read the trace (spec §2.5): each judges one finished run (hosted, or
+external from its spans: runs.evals.calls) from its recorded tool calls, its
+final answer, the demo shop's state after it, or an LLM judge's verdict, and
+says (passed, reason). A case passes only if every grader passes; a grader that
+could not judge is an error, never a pass.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from runs.evals.calls import GradedCall, run_graded_calls
 from runs.evals.definitions import grader_tools, path_parts
 from runs.evals.judge import JudgeUnavailable, judge_ask, judge_messages
 from runs.mcp.endpoint import mcp_model_name
-from runs.models import AgentVersion, ModelEndpoint, Run, ToolCall
+from runs.models import AgentVersion, ModelEndpoint, Run
 from runs.tools.mcp import parse_mcp_ref
 from shop.models import Refund, Replacement
 
@@ -26,6 +28,7 @@ __all__ = [
     "GraderResult",
     "case_grade",
     "graders_check_against",
+    "judge_endpoint_problems",
 ]
 
 _MISSING = object()
@@ -54,7 +57,7 @@ class Trace:
     """What graders read of a finished run."""
 
     run: Run
-    calls: Sequence[ToolCall]
+    calls: Sequence[GradedCall]
 
 
 def _at(value: Any, path: str) -> Any:
@@ -81,7 +84,7 @@ def _subset(expected: Any, actual: Any) -> bool:
     return bool(expected == actual)
 
 
-def _matching(trace: Trace, grader: Mapping[str, Any]) -> list[ToolCall]:
+def _matching(trace: Trace, grader: Mapping[str, Any]) -> list[GradedCall]:
     return [
         call
         for call in trace.calls
@@ -113,7 +116,7 @@ def _must_not_call(trace: Trace, grader: Mapping[str, Any]) -> tuple[bool, str]:
     if found:
         first = found[0]
         return False, (
-            f"called {_describe(grader)}: step {first.step.index}, "
+            f"called {_describe(grader)}: step {first.step_index}, "
             f"{json.dumps(first.args, sort_keys=True)} ({first.status})"
         )
     return True, f"did not call {_describe(grader)}"
@@ -190,16 +193,19 @@ WORLD_ROWS: dict[str, type[Replacement] | type[Refund]] = {
 
 
 def _world_state(trace: Trace, grader: Mapping[str, Any]) -> tuple[bool, str]:
-    """The shop rows of the order made while the run lasted: each trial starts
-    in a fresh world, so these are the run's effects on it."""
+    """The shop rows of the order in the run's world. A trial with a world of its
+    own started it fresh, so every row there is this run's effect; a run in the
+    tenant's real shop counts the rows made while it lasted."""
     run = trace.run
     rows = WORLD_ROWS[str(grader["object"])].objects.filter(
         order__tenant_id=run.tenant_id,
+        order__world_id=run.world_id,
         order__order_id=grader["order_id"],
-        created_at__gte=run.created_at,
     )
-    if run.finished_at is not None:
-        rows = rows.filter(created_at__lte=run.finished_at)
+    if run.world_id is None:
+        rows = rows.filter(created_at__gte=run.created_at)
+        if run.finished_at is not None:
+            rows = rows.filter(created_at__lte=run.finished_at)
     count = rows.count()
     what = f"{grader['object']} for order {grader['order_id']}"
     if count == grader["count"]:
@@ -233,12 +239,7 @@ GRADERS: dict[str, Callable[[Trace, Mapping[str, Any]], tuple[bool, str]]] = {
 def case_grade(*, run: Run, graders: Sequence[Mapping[str, Any]]) -> CaseVerdict:
     """Judge a finished run by every grader (checked definitions,
     runs.evals.definitions); all are asked, so the report shows each reason."""
-    calls = list(
-        ToolCall.objects.filter(run=run)
-        .select_related("step")
-        .order_by("step__index", "position")
-    )
-    trace = Trace(run=run, calls=calls)
+    trace = Trace(run=run, calls=run_graded_calls(run))
     results = []
     for grader in graders:
         kind = str(grader["kind"])
@@ -271,32 +272,44 @@ def graders_check_against(
     path: a grader or a scripted approval naming a tool the agent lacks, a
     judge endpoint the tenant does not have or that cannot judge. Empty: none."""
     tools = agent_tool_names(version)
-    endpoints = dict(
-        ModelEndpoint.objects.filter(tenant_id=version.agent.tenant_id).values_list(
-            "slug", "kind"
-        )
-    )
-    problems: dict[str, list[str]] = {}
+    problems = judge_endpoint_problems(version.agent.tenant_id, cases)
     lacks = f"agent {version.agent.slug} v{version.number} has no tool"
     for i, case in enumerate(cases):
         for j, grader in enumerate(case["graders"]):
-            where = f"cases[{i}].graders[{j}]"
             if grader_tools([grader]) - tools:
-                problems[f"{where}.tool"] = [f"{lacks} {grader['tool']!r}"]
-            if grader["kind"] == "llm_judge":
-                kind = endpoints.get(grader["endpoint"])
-                if kind is None:
-                    problems[f"{where}.endpoint"] = [
-                        f"no model endpoint {grader['endpoint']!r} in this tenant"
-                    ]
-                elif kind == ModelEndpoint.Kind.SCRIPTED:
-                    problems[f"{where}.endpoint"] = [
-                        f"model endpoint {grader['endpoint']!r} is scripted; a "
-                        "judge needs a model that reads the rubric"
-                    ]
+                problems[f"cases[{i}].graders[{j}].tool"] = [
+                    f"{lacks} {grader['tool']!r}"
+                ]
         for j, approval in enumerate(case.get("approvals") or ()):
             if approval["tool"] not in tools:
                 problems[f"cases[{i}].approvals[{j}].tool"] = [
                     f"{lacks} {approval['tool']!r}"
+                ]
+    return problems
+
+
+def judge_endpoint_problems(
+    tenant_id: Any, cases: Sequence[Mapping[str, Any]]
+) -> dict[str, list[str]]:
+    """LLM judges naming an endpoint the tenant lacks or one that cannot judge
+    (a scripted one), by path."""
+    endpoints = dict(
+        ModelEndpoint.objects.filter(tenant_id=tenant_id).values_list("slug", "kind")
+    )
+    problems: dict[str, list[str]] = {}
+    for i, case in enumerate(cases):
+        for j, grader in enumerate(case["graders"]):
+            if grader["kind"] != "llm_judge":
+                continue
+            where = f"cases[{i}].graders[{j}].endpoint"
+            kind = endpoints.get(grader["endpoint"])
+            if kind is None:
+                problems[where] = [
+                    f"no model endpoint {grader['endpoint']!r} in this tenant"
+                ]
+            elif kind == ModelEndpoint.Kind.SCRIPTED:
+                problems[where] = [
+                    f"model endpoint {grader['endpoint']!r} is scripted; a "
+                    "judge needs a model that reads the rubric"
                 ]
     return problems

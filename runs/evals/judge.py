@@ -17,8 +17,9 @@ from typing import Any
 
 from controlplane.secrets import SecretMissing, secret_value
 from runs.engine.adapters import ModelError
+from runs.evals.calls import GradedCall
 from runs.model_routing import endpoint_adapter
-from runs.models import ModelEndpoint, Run, ToolCall
+from runs.models import ModelEndpoint, Run
 from runs.runtime import NO_API_KEY
 
 JUDGE_MAX_TOKENS = 100
@@ -48,7 +49,7 @@ def _clip(text: str) -> str:
 
 
 def judge_messages(
-    *, rubric: str, run: Run, calls: Sequence[ToolCall]
+    *, rubric: str, run: Run, calls: Sequence[GradedCall]
 ) -> list[dict[str, Any]]:
     """The judge's prompt: the rubric, the task, the trajectory and the answer."""
     trajectory = "\n".join(

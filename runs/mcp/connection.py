@@ -5,8 +5,9 @@ it as `private:HOST:PORT`, the egress allowlist's form), with the tenant secret
 named by `auth_secret` sent as its auth header; the value is read here, at
 connection time, and goes nowhere else. stdio: the
 command runs inside the sandbox for one session, with no network unless the
-server's `network` allows hosts through the egress proxy, a throwaway workspace,
-and the operator's read-only paths (MCP_STDIO_READONLY_PATHS, on PYTHONPATH).
+server's `network` allows hosts through the egress proxy (which adds the
+`credentials` headers itself), a throwaway workspace, and the operator's
+read-only paths (MCP_STDIO_READONLY_PATHS, on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from runs.sandbox import (
     workspace_release,
 )
 from runs.sandbox.piped import SandboxProcess, open_sandbox_process
+from runs.tools.egress import CREDENTIALS, NETWORK, egress_policy_for
 from runs.tools.run_code import sandbox_settings
 
 
@@ -105,11 +107,33 @@ def sandbox_evidence(endpoint: McpEndpoint) -> tuple[dict[str, Any], ...]:
     )
 
 
-def _sandboxed(server: McpServer, wall_seconds: float) -> SandboxedStdio:
+def stdio_network(
+    server: McpServer, secret: Callable[[str], str] | None = None
+) -> NetworkPolicy:
+    """A stdio server's allowlist, with its egress credentials' values read here,
+    on the host, for the proxy's memory only (never the sandbox's). `secret`
+    reads them for a call (its contract's auth_scope names them); without, the
+    tenant's store is read (a listing). A secret not set raises a LookupError (or
+    the call's ToolFailure) naming it; settings that cannot be used raise
+    EgressSettingsError."""
+    if not server.credentials:
+        return NetworkPolicy(tuple(HostPort.parse(item) for item in server.network))
+
+    def read(name: str) -> str:
+        if secret is not None:
+            return secret(name)
+        return secret_value(tenant_id=server.tenant_id, name=name)
+
+    egress = {NETWORK: list(server.network), CREDENTIALS: dict(server.credentials)}
+    return egress_policy_for(egress, secret_value=read, field="server")
+
+
+def _sandboxed(
+    server: McpServer, wall_seconds: float, network: NetworkPolicy
+) -> SandboxedStdio:
     config = sandbox_settings()
     results: list[SandboxResult] = []
     readonly = [p for p in settings.MCP_STDIO_READONLY_PATHS if Path(p).is_dir()]
-    network = NetworkPolicy(tuple(HostPort.parse(item) for item in server.network))
     argv = [str(arg) for arg in server.command]
 
     def start() -> PipedProcess:
@@ -151,16 +175,17 @@ def mcp_endpoint_for(
 ) -> McpEndpoint:
     """The endpoint of `server` for one session of at most `timeout_seconds`.
 
-    `secret` reads the auth secret (a call's context: its contract's auth_scope
-    names it); without, the tenant's store is read directly (an admin's
-    registration or refresh)."""
+    `secret` reads the auth secret or a stdio server's egress credentials (a
+    call's context: its contract's auth_scope names them); without, the tenant's
+    store is read directly (an admin's registration or refresh)."""
     label = label_of(server)
     cap, most = settings.MCP_MAX_RESPONSE_BYTES, settings.MCP_MAX_TOOLS
     if server.transport == McpServer.Transport.STDIO:
+        network = stdio_network(server, secret)
         # The wall clock kills the sandbox a little after the session's deadline.
         return McpEndpoint(
             label=label,
-            stdio=_sandboxed(server, timeout_seconds + 3),
+            stdio=_sandboxed(server, timeout_seconds + 3, network),
             max_response_bytes=cap,
             max_tools=most,
         )

@@ -76,6 +76,8 @@ class ListedTool:
     input_schema: dict[str, Any]
     annotations: dict[str, Any]
     definition_sha256: str
+    # The server's listing said its own secret back; it was taken out.
+    repeated_secret: bool = False
 
 
 @dataclass(frozen=True)

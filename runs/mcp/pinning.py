@@ -10,13 +10,15 @@ be called is always the accepted definition.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.redaction import REDACTED
 from runs.engine.validation import SchemaError, prepare_schema
-from runs.mcp.endpoint import ListedTool
+from runs.mcp.endpoint import ListedTool, definition_sha256
 from runs.models import McpServer, McpTool
 
 
@@ -42,13 +44,41 @@ class ListingChanges:
 
 # A description is context the model reads on every step: a longer one is refused.
 MAX_DESCRIPTION_CHARS = 4000
+# Shorter parts of a secret ("Bearer") are words, not the secret.
+MIN_SECRET_CHARS = 8
 
 
 def definition_problem(listed: ListedTool) -> str:
     """Why the host refuses a listed definition, or ""."""
+    if listed.repeated_secret:
+        return "its definition repeats the server's secret (taken out)"
     if len(listed.description) > MAX_DESCRIPTION_CHARS:
         return f"its description is longer than {MAX_DESCRIPTION_CHARS} characters"
     return schema_problem(listed.input_schema)
+
+
+def without_secret(listed: ListedTool, secret: str) -> ListedTool:
+    """The tool as listed, with `secret` (the value the server was sent, and
+    each long word of it: a token after its "Bearer ") taken out of its
+    description and schema, so it is neither stored nor shown to a model."""
+    words = {secret, *(w for w in secret.split() if len(w) >= MIN_SECRET_CHARS)}
+    words = {w for w in words if len(w) >= MIN_SECRET_CHARS}
+    parts = [listed.description, listed.input_schema, listed.annotations]
+    text = json.dumps(parts, ensure_ascii=False)
+    escaped = [json.dumps(w, ensure_ascii=False)[1:-1] for w in words]
+    if not any(w in text for w in escaped):
+        return listed
+    for word in sorted(escaped, key=len, reverse=True):
+        text = text.replace(word, REDACTED)
+    description, schema, annotations = json.loads(text)
+    return replace(
+        listed,
+        description=description,
+        input_schema=schema,
+        annotations=annotations,
+        definition_sha256=definition_sha256(listed.name, description, schema),
+        repeated_secret=True,
+    )
 
 
 def schema_problem(schema: object) -> str:

@@ -37,7 +37,11 @@ def budget_admit_run(*, run: Run) -> BudgetRefusal | None:
         return None
     one = Amounts(runs=1)
     result = budget_reserve(
-        budget=budget, run_id=run.pk, kind=BudgetLedgerEntry.Kind.RUN, amounts=one
+        budget=budget,
+        run_id=run.pk,
+        kind=BudgetLedgerEntry.Kind.RUN,
+        amounts=one,
+        end_user=run.end_user,
     )
     if isinstance(result, BudgetRefusal):
         return run_budget_refused(run, result, kind="run")

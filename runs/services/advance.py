@@ -51,15 +51,18 @@ from runs.engine.actions import (
 )
 from runs.engine.adapters import ModelError
 from runs.engine.budget import (
+    BudgetVector,
     charge_model_call,
     check_before_tool_call,
     estimate_input_tokens,
 )
+from runs.engine.disclosure import remember_loaded
 from runs.engine.enforcement import note_outcome
 from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.evaluator import EvaluationSubject, run_evaluator
 from runs.engine.loop import EngineState
 from runs.engine.policy import PolicyContext
+from runs.engine.session import is_context_overflow
 from runs.engine.step import (
     CallGate,
     GateVerdict,
@@ -88,12 +91,25 @@ from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
 from runs.services.admission import budget_run_ended
+from runs.services.compaction import (
+    CompactionFailed,
+    CompactionRefused,
+    context_compact,
+    context_needs_compaction,
+)
 from runs.services.contract import (
     contract_refusal,
     repeated_error_ask,
     secret_reader_for,
 )
 from runs.services.dispatch import step_dispatch_on_commit
+from runs.services.guards import (
+    GuardStop,
+    output_guardrails_check,
+    run_finished_hooks,
+    run_preflight,
+    tool_result_hooks_apply,
+)
 from runs.services.lease_renewal import lease_renewer
 from runs.services.lifecycle import (
     LeaseLost,
@@ -104,6 +120,11 @@ from runs.services.lifecycle import (
     run_save,
 )
 from runs.services.policy import tenant_policy
+from runs.services.session import (
+    SessionWriterConflict,
+    engine_state_stored,
+    session_entries_append,
+)
 from runs.services.spend import (
     budget_after_model_call,
     budget_after_tool_call,
@@ -196,11 +217,20 @@ class StepContext:
         for write in writes:
             write.save()
 
+    def charge(self, spent: BudgetVector) -> None:
+        """Count a guardrail model call's use in the run's counters."""
+        self.state.usage = self.state.usage + spent
+
     def checkpoint(self, *, heed_cancel: bool = False, **changes: Any) -> None:
         """Persist the results, engine state and counters (CAS as the lease holder).
         `heed_cancel`: see `run_save`; it sets `not_cancelled`."""
         self.state.usage = self.state.usage.with_wall_seconds(self.elapsed())
         self.save_results()
+        # The transcript's new messages (and edits) become log entries, stored
+        # after the CAS proved the lease: only the lease holder appends.
+        session = self.state.session
+        session.log_transcript(self.state.transcript)
+        entries = session.take_unwritten()
         self.not_cancelled = run_save(
             self.run,
             heed_cancel=heed_cancel,
@@ -208,6 +238,10 @@ class StepContext:
             **counters_from_state(self.state),
             **changes,
         )
+        try:
+            session_entries_append(run_id=self.run.id, entries=entries)
+        except SessionWriterConflict as exc:
+            raise LeaseLost(str(self.run.id)) from exc
 
 
 def run_advance(
@@ -236,7 +270,10 @@ def run_advance(
         run=run,
         state=state,
         build_runtime=lambda: runtime_for(
-            run, replies_consumed=run.steps, budget=lease.budget, price=lease.price
+            run,
+            replies_consumed=run.steps + state.overflow_retries,
+            budget=lease.budget,
+            price=lease.price,
         ),
         started=time.monotonic(),
         base_wall_seconds=state.usage.wall_seconds,
@@ -284,6 +321,12 @@ def run_advance(
             )
             raise DatabaseLost(run_id) from exc
         logger.exception("run %s: internal error in a step", run_id)
+        # A write that rolled back took its log entries with it: the end is
+        # written over the state (and log) as last committed, with the usage
+        # spent since (the ledger has it).
+        stored = engine_state_stored(run_id=run.id)
+        stored.usage = ctx.state.usage
+        ctx.state = stored
         with suppress(StepEnded, LeaseLost):
             _finish(ctx, StopReason.INTERNAL_ERROR, detail="internal error")
         return "finished"
@@ -309,15 +352,30 @@ def _step(ctx: StepContext, open_calls: list[ToolCall]) -> None:
         assert step is not None, "open calls without a recorded step"
         _after_calls(ctx, step, _run_calls(ctx, step, open_calls))
         return
+    if ctx.run.steps == 0 and not ctx.state.preflight_done:
+        _guard(
+            ctx,
+            run_preflight(
+                run=ctx.run, transcript=ctx.state.transcript, charge=ctx.charge
+            ),
+        )
+        ctx.state.preflight_done = True  # saved with the step's next write
     last = ctx.state.transcript.messages[-1]
     if last["role"] == "assistant" and not last.get("tool_calls"):
         # A final answer on record: its worker died before the run's end was
         # committed. Asking the model again would answer (and bill) twice.
-        ctx.state.final_text = last.get("content") or ""
+        answer = ctx.state.final_text = last.get("content") or ""
+        _guard(
+            ctx, output_guardrails_check(run=ctx.run, answer=answer, charge=ctx.charge)
+        )
         _finish(ctx, StopReason.DONE)
     step, action, rows = _ask_model(ctx)
     if isinstance(action, FinalAnswer):
         ctx.state.final_text = action.text
+        _guard(
+            ctx,
+            output_guardrails_check(run=ctx.run, answer=action.text, charge=ctx.charge),
+        )
         _finish(ctx, StopReason.DONE)
     if isinstance(action, ToolCallsAction):
         rows = _run_calls(ctx, step, list(action.calls), rows)
@@ -327,63 +385,77 @@ def _step(ctx: StepContext, open_calls: list[ToolCall]) -> None:
 def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
     state, runtime = ctx.state, ctx.runtime
     state.usage = state.usage.with_wall_seconds(ctx.elapsed())
-    messages = state.transcript.messages
-    tools = runtime.registry.model_tools()
-    plan = plan_model_call(
-        state.usage,
-        runtime.limits,
-        state.transcript,
-        tools,
-        reserve_output_tokens=runtime.config.reserve_output_tokens,
-        price=runtime.config.price,
-    )
-    if not isinstance(plan, ModelCallPlan):
-        estimate = estimate_input_tokens(state.transcript.messages_json(), tools)
-        reserve = runtime.config.reserve_output_tokens
-        ask = budget_cap_extension_ask(
-            run=ctx.run, reason=plan, usage=state.usage, limits=runtime.limits,
-            reserve_output_tokens=reserve, estimated_input_tokens=estimate,
-            call_cost=runtime.config.price.cost(estimate, reserve),
-        )  # fmt: skip
-        _ask_to_extend(ctx, ask)
-        _finish(ctx, plan, detail=f"refused before the model call: {plan}")
-    reserved = budget_before_model_call(
-        run=ctx.run,
-        plan=plan,
-        price_known=runtime.price_known,
-        step_index=ctx.run.steps,
-        budget=runtime.budget,
-    )
-    if isinstance(reserved, BudgetRefusal):
-        _finish_budget_refused(ctx, reserved)
-    started_at = timezone.now()
-    with chat_span(
-        ctx.run, messages_json=state.transcript.messages_json(), tools=tools
-    ) as chat:
-        called = time.monotonic()
-        reply = call_model(runtime.model, messages, tools, plan, on_delta=chat.deltas())
-        metrics.model_call_observed(
-            ok=isinstance(reply, ModelReply), seconds=time.monotonic() - called
+    tools = runtime.registry.model_tools(state.loaded_tools)
+    if context_needs_compaction(state, runtime, tools):
+        _compact(ctx, tools, overflowed=False)
+    retried = False
+    while True:
+        messages = state.transcript.messages
+        plan = plan_model_call(
+            state.usage,
+            runtime.limits,
+            state.transcript,
+            tools,
+            reserve_output_tokens=runtime.config.reserve_output_tokens,
+            price=runtime.config.price,
         )
-        chat.reply(reply)
-    price = runtime.price_of(reply)  # the answering model's (a fallback's)
-    budget_after_model_call(
-        run=ctx.run,
-        entry=reserved,
-        reply=reply,
-        plan=plan,
-        price=price,
-        usage=state.usage,
-        limits=runtime.limits,
-    )
-    if isinstance(reply, ModelError):
-        # A cancel asked while the call ran (an endless stream lasts until its
-        # deadline) is the operator's word on how the run ended; the model's
-        # error stays on the chat span.
-        asked = Run.objects.filter(id=ctx.run.id, cancel_requested=True).exists()
-        if asked:
-            _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
-        _finish(ctx, StopReason.MODEL_ERROR, detail=str(reply))
+        if not isinstance(plan, ModelCallPlan):
+            estimate = estimate_input_tokens(state.transcript.messages_json(), tools)
+            reserve = runtime.config.reserve_output_tokens
+            ask = budget_cap_extension_ask(
+                run=ctx.run, reason=plan, usage=state.usage, limits=runtime.limits,
+                reserve_output_tokens=reserve, estimated_input_tokens=estimate,
+                call_cost=runtime.config.price.cost(estimate, reserve),
+            )  # fmt: skip
+            _ask_to_extend(ctx, ask)
+            _finish(ctx, plan, detail=f"refused before the model call: {plan}")
+        reserved = budget_before_model_call(
+            run=ctx.run,
+            plan=plan,
+            price_known=runtime.price_known,
+            step_index=ctx.run.steps,
+            budget=runtime.budget,
+        )
+        if isinstance(reserved, BudgetRefusal):
+            _finish_budget_refused(ctx, reserved)
+        started_at = timezone.now()
+        with chat_span(
+            ctx.run, messages_json=state.transcript.messages_json(), tools=tools
+        ) as chat:
+            called = time.monotonic()
+            reply = call_model(
+                runtime.model, messages, tools, plan, on_delta=chat.deltas()
+            )
+            metrics.model_call_observed(
+                ok=isinstance(reply, ModelReply), seconds=time.monotonic() - called
+            )
+            chat.reply(reply)
+        price = runtime.price_of(reply)  # the answering model's (a fallback's)
+        budget_after_model_call(
+            run=ctx.run,
+            entry=reserved,
+            reply=reply,
+            plan=plan,
+            price=price,
+            usage=state.usage,
+            limits=runtime.limits,
+        )
+        if isinstance(reply, ModelError) and not retried and is_context_overflow(reply):
+            # The provider counts better than the estimate: compact once, and ask
+            # again (a second overflow is the run's model error).
+            retried = True
+            state.overflow_retries += 1
+            _compact(ctx, tools, overflowed=True)
+            continue
+        if isinstance(reply, ModelError):
+            # A cancel asked while the call ran (an endless stream lasts until its
+            # deadline) is the operator's word on how the run ended; the model's
+            # error stays on the chat span.
+            asked = Run.objects.filter(id=ctx.run.id, cancel_requested=True).exists()
+            if asked:
+                _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
+            _finish(ctx, StopReason.MODEL_ERROR, detail=str(reply))
+        break
     assert isinstance(reply, ModelReply)
     usage = billable_usage(reply, plan)
     state.usage = charge_model_call(
@@ -435,6 +507,32 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
     return step, action, rows
 
 
+def _compact(
+    ctx: StepContext, tools: list[dict[str, Any]], *, overflowed: bool
+) -> None:
+    """Compact the context before the model call and commit it (a resume
+    starts from the compacted context, and the summary is not paid twice); a
+    compaction that fails ends the run `failed`, never to be tried again."""
+    try:
+        context_compact(
+            run=ctx.run,
+            state=ctx.state,
+            runtime=ctx.runtime,
+            tools=tools,
+            overflowed=overflowed,
+        )
+    except CompactionRefused as refused:
+        if isinstance(refused.refusal, BudgetRefusal):
+            _finish_budget_refused(ctx, refused.refusal)
+        _finish(ctx, refused.refusal, detail=f"refused before compaction: {refused}")
+    except CompactionFailed as failed:
+        _finish(
+            ctx, StopReason.COMPACTION_FAILED, detail=f"compaction failed: {failed}"
+        )
+    with recoverable_transaction():
+        ctx.checkpoint()
+
+
 def _action_record(action: Any) -> dict[str, Any]:
     if isinstance(action, FinalAnswer):
         return {"type": "final_answer", "text": action.text}
@@ -463,7 +561,9 @@ def _run_calls(
         rules = _read_before_call(ctx, policy_rules=gated)
         if row.status in FINAL_CALL_STATUSES and row.result is not None:
             # Its result was stored but the transcript was not: replay, never re-run.
-            _record(ctx, row, call, ToolResult.from_dict(row.result), row.status)
+            stored = ToolResult.from_dict(row.result)
+            remember_loaded(ctx.state.loaded_tools, call.name, stored)
+            _record(ctx, row, call, stored, row.status)
             continue
         if row.status == ToolCallRow.Status.EXECUTING:
             _recover_interrupted(ctx, row, call)
@@ -512,6 +612,7 @@ def _gate(ctx: StepContext, call: ToolCall, rules: list[Any] | None) -> CallGate
             agent_name=ctx.run.agent.slug,
             attributes={} if rules is None else {RULES_READ: rules},
         ),
+        loaded=ctx.state.loaded_tools,
     )
 
 
@@ -589,13 +690,21 @@ def _approved_call_gate(
     return None
 
 
+def _world_of(run: Run) -> str:
+    """The world the run's tools act in ("" for the tenant's real one)."""
+    return "" if run.world_id is None else str(run.world_id)
+
+
 def _precondition_now(ctx: StepContext, call: ToolCall) -> str | None:
     """The tool's preconditions on the world as it is now (fail-safe)."""
     tool = ctx.runtime.registry.get(call.name)
     if tool is None:
         return f"there is no tool named {call.name!r} any more"
     context = ToolContext.for_call(
-        str(ctx.run.id), call.call_id, tenant_id=str(ctx.run.tenant_id)
+        str(ctx.run.id),
+        call.call_id,
+        tenant_id=str(ctx.run.tenant_id),
+        world_id=_world_of(ctx.run),
     )
     return unmet_precondition(tool, call.arguments, context)
 
@@ -680,6 +789,8 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
             ctx.runtime.limits,
             run_id=str(ctx.run.id),
             tenant_id=str(ctx.run.tenant_id),
+            world_id=_world_of(ctx.run),
+            end_user=ctx.run.end_user,
             timeout_seconds=ctx.runtime.config.tool_timeout_seconds,
             ledger=ctx.state.contract,
             retry=ctx.runtime.config.retry,
@@ -687,7 +798,14 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
                 tenant_id=ctx.run.tenant_id, names=tool.contract.scope.secrets
             ),
         )
-        span.result(outcome.result, executed=outcome.executed)
+        result, stop = outcome.result, None
+        if outcome.executed:  # hooks see (and may change) what the tool returned
+            result, stop = tool_result_hooks_apply(
+                run=ctx.run, call=call, result=result
+            )
+        span.result(result, executed=outcome.executed)
+        # tool_search's finds are sent from the next turn on (checkpointed).
+        span.tools_loaded(remember_loaded(ctx.state.loaded_tools, call.name, result))
     failpoint("after_tool_execute")
     ctx.state.usage = outcome.usage
     budget_after_tool_call(
@@ -703,11 +821,10 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
         assert outcome.stop_reason is not None
         _finish(ctx, outcome.stop_reason, detail=f"refused before {call.name}")
     row.attempts += outcome.attempts - 1  # automatic retries
-    status = (
-        ToolCallRow.Status.SUCCEEDED if outcome.result.ok else ToolCallRow.Status.FAILED
-    )
-    _record(ctx, row, call, outcome.result, status)
-    _escalate_if_repeated(ctx, call.name, outcome.result)
+    status = ToolCallRow.Status.SUCCEEDED if result.ok else ToolCallRow.Status.FAILED
+    _record(ctx, row, call, result, status)
+    _guard(ctx, stop)
+    _escalate_if_repeated(ctx, call.name, result)
 
 
 def _escalate_if_repeated(ctx: StepContext, tool_name: str, result: ToolResult) -> None:
@@ -739,7 +856,9 @@ def _record(
         ctx.state.transcript,
         call,
         result,
-        observation_chars=ctx.runtime.config.observation_chars,
+        observation_chars=ctx.runtime.registry.observation_chars_for(
+            call.name, ctx.runtime.config.observation_chars
+        ),
     )
     sandbox = next(
         (ref["result"] for ref in result.refs if ref.get("kind") == "sandbox_result"),
@@ -844,7 +963,20 @@ def _finish(
         # root span is ended by tracing's sweep, spans_end_of_finished_runs).
         budget_run_ended(run=ctx.run, reason=reason, dimension=dimension, detail=detail)
     failpoint("after_run_finished")
+    run_finished_hooks(run=ctx.run)
     raise StepEnded("finished")
+
+
+def _guard(ctx: StepContext, stop: GuardStop | None) -> None:
+    """End the run as a guardrail or hook said (with its answer); returns when
+    nothing stops it."""
+    if stop is None:
+        return
+    if stop.refusal is not None:
+        _finish_budget_refused(ctx, stop.refusal)
+    if stop.answer is not None:
+        ctx.state.final_text = stop.answer
+    _finish(ctx, stop.reason, detail=stop.detail)
 
 
 def _ask_to_extend(ctx: StepContext, ask: ExtensionAsk | None) -> None:
@@ -869,7 +1001,7 @@ def _ask_to_extend(ctx: StepContext, ask: ExtensionAsk | None) -> None:
     raise StepEnded("waiting")
 
 
-def _finish_budget_refused(ctx: StepContext, refusal: BudgetRefusal) -> None:
+def _finish_budget_refused(ctx: StepContext, refusal: BudgetRefusal) -> NoReturn:
     """A reservation was refused before the call: end as budget_exhausted (or,
     if the tenant chose so, ask to extend the budget)."""
     _ask_to_extend(ctx, budget_period_extension_ask(run=ctx.run, refusal=refusal))

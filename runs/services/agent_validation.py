@@ -19,15 +19,24 @@ from controlplane.models import Tenant
 from controlplane.secrets import secret_exists, secret_name_problem
 from runs.engine.adapters.scripted import script_entry_problems
 from runs.engine.budget import BudgetLimits
+from runs.engine.disclosure import is_deferred, skill_problems
 from runs.evaluators import EVALUATORS
 from runs.models import AgentVersion, ModelEndpoint
+from runs.services.guard_config import guardrails_problems, hooks_problems
 from runs.tools.egress import CREDENTIALS, NETWORK, egress_settings_errors
 from runs.tools.registry import unknown_tool_refs
 
 APPROVAL_CHOICES = ("policy", "always", "never")
+# direct: sent to the model every turn; deferred: found through tool_search.
+EXPOSURE_CHOICES = ("direct", "deferred")
 EGRESS_KEYS = (NETWORK, CREDENTIALS)  # checked by runs.tools.egress
-TOOL_SETTING_KEYS = ("approval", *EGRESS_KEYS)
-MAX_TOOLS = 200
+# The crash demo's switches, for create_replacement only (docs/demo.md).
+DEMO_SWITCH_KEYS = ("idempotency_keys", "crash_after_effect")
+TOOL_SETTING_KEYS = ("approval", "exposure", *EGRESS_KEYS, *DEMO_SWITCH_KEYS)
+# Refs in all; the tools sent every turn are fewer (selection degrades past a
+# few dozen definitions: spec §2.1 ch. 5), the rest are deferred.
+MAX_TOOLS = 1000
+MAX_DIRECT_TOOLS = 200
 MAX_MODELS = 50
 MAX_PROMPT_CHARS = 100_000
 MAX_SCRIPT_REPLIES = 1_000
@@ -94,6 +103,20 @@ def _tool_settings(
                 "tool_settings",
                 f"{where}.approval must be one of {', '.join(APPROVAL_CHOICES)}",
             )
+        if settings.get("exposure", "direct") not in EXPOSURE_CHOICES:
+            problems.add(
+                "tool_settings",
+                f"{where}.exposure must be one of {', '.join(EXPOSURE_CHOICES)}",
+            )
+        for key in DEMO_SWITCH_KEYS:
+            if key not in settings:
+                continue
+            if ref != "create_replacement":
+                problems.add(
+                    "tool_settings", f"{where}.{key} applies to create_replacement only"
+                )
+            elif not isinstance(settings[key], bool):
+                problems.add("tool_settings", f"{where}.{key} must be true or false")
         for path, why in egress_settings_errors(
             {k: v for k, v in settings.items() if k in EGRESS_KEYS},
             field=where,
@@ -143,24 +166,38 @@ def version_config_of(version: AgentVersion) -> dict[str, Any]:
         "fallback_model": version.fallback_model,
         "evaluated_models": list(version.evaluated_models),
         "system_prompt": version.system_prompt,
+        "skills": [dict(skill) for skill in version.skills],
         "tools": list(version.tools),
         "tool_settings": dict(version.tool_settings),
         "default_limits": dict(version.default_limits),
         "evaluator": version.evaluator,
         "script": list(version.script),
+        "guardrails": list(version.guardrails),
+        "hooks": list(version.hooks),
+        "compaction_threshold": version.compaction_threshold,
     }
 
+
+# The share of the model's window above which the context is compacted: below
+# 0.2 a run would summarise all the time; above 0.95 the reply has no room.
+DEFAULT_COMPACTION_THRESHOLD = 0.8
+MIN_COMPACTION_THRESHOLD = 0.2
+MAX_COMPACTION_THRESHOLD = 0.95
 
 CONFIG_DEFAULTS: dict[str, Any] = {
     "fallback_endpoint": None,
     "fallback_model": "",
     "evaluated_models": [],
     "system_prompt": "",
+    "skills": [],
     "tools": [],
     "tool_settings": {},
     "default_limits": {},
     "evaluator": "",
     "script": [],
+    "guardrails": [],
+    "hooks": [],
+    "compaction_threshold": DEFAULT_COMPACTION_THRESHOLD,
 }
 REQUIRED_CONFIG = ("name", "endpoint", "model")
 
@@ -225,6 +262,28 @@ def agent_config_validate(
     out["tool_settings"] = _tool_settings(
         problems, merged["tool_settings"], tools, tenant
     )
+    crashing = out["tool_settings"].get("create_replacement", {})
+    endpoint = out["endpoint"]
+    if crashing.get("crash_after_effect") is True and (
+        endpoint is not None and endpoint.kind != ModelEndpoint.Kind.SCRIPTED
+    ):
+        # It kills the worker that ran the call: a demo of recovery, never a
+        # setting of an agent that serves customers.
+        problems.add(
+            "tool_settings",
+            "tool_settings[create_replacement].crash_after_effect is the crash "
+            "demo's switch: only an agent on a scripted endpoint may set it",
+        )
+    direct = [r for r in tools if not is_deferred(out["tool_settings"].get(r))]
+    if len(direct) > MAX_DIRECT_TOOLS:
+        problems.add(
+            "tools",
+            f"{len(direct)} tools are sent every turn; at most {MAX_DIRECT_TOOLS}: "
+            'expose the others "deferred" (tool_settings[ref].exposure)',
+        )
+    for why in skill_problems(merged["skills"]):
+        problems.add("skills", why)
+    out["skills"] = merged["skills"]
     limits = merged["default_limits"]
     try:
         if not isinstance(limits, dict):
@@ -248,6 +307,22 @@ def agent_config_validate(
             for why in script_entry_problems(entry, f"script[{index}]")[:5]:
                 problems.add("script", why)
     out["script"] = script
+    for why in guardrails_problems(merged["guardrails"], tenant_id=tenant.pk):
+        problems.add("guardrails", why)
+    out["guardrails"] = merged["guardrails"]
+    for why in hooks_problems(merged["hooks"]):
+        problems.add("hooks", why)
+    out["hooks"] = merged["hooks"]
+    threshold = merged["compaction_threshold"]
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        problems.add("compaction_threshold", "must be a number")
+    elif not MIN_COMPACTION_THRESHOLD <= threshold <= MAX_COMPACTION_THRESHOLD:
+        problems.add(
+            "compaction_threshold",
+            f"must be between {MIN_COMPACTION_THRESHOLD} and "
+            f"{MAX_COMPACTION_THRESHOLD} (a share of the model's context window)",
+        )
+    out["compaction_threshold"] = threshold
     problems.raise_any()
     return out
 

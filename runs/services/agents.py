@@ -7,6 +7,7 @@ is soft, so its runs keep their versions (docs/agents.md).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,7 +85,18 @@ def _version_create(
 
 
 def _audit_view(version: AgentVersion) -> dict[str, Any]:
-    return {"version": version.number, **version_config_of(version)}
+    config = version_config_of(version)
+    # A skill's body (up to 64 KB each) is named by its digest: the version
+    # holds the text, the audit log says which text it was.
+    config["skills"] = [
+        {
+            "name": skill["name"],
+            "summary": skill["summary"],
+            "body_sha256": hashlib.sha256(skill["body"].encode()).hexdigest(),
+        }
+        for skill in config["skills"]
+    ]
+    return {"version": version.number, **config}
 
 
 @transaction.atomic

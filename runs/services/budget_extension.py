@@ -14,16 +14,13 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F
-from django.utils import timezone
 
 from budgets.periods import BudgetRefusal
 from budgets.services import stop_reason_for
-from runs.engine.loop import EngineState
-from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason, terminal_status
-from runs.models import Run, ToolCall
+from runs.models import Run
 from runs.services.admission import budget_run_ended
-from runs.services.lifecycle import counters_from_state, run_finish_fields
+from runs.services.lifecycle import run_end_unheld
 from runs.spans import run_root_end
 
 logger = logging.getLogger(__name__)
@@ -61,27 +58,14 @@ def run_end_budget_exhausted(*, run_id: Any, stop_reason: str, detail: str) -> b
         if tenant_dimension
         else StopReason(stop_reason)
     )
-    state = EngineState.from_dict(run.engine_state)
-    close_open_calls(state.transcript, f"the run stopped ({stop_reason})")
-    ToolCall.objects.filter(
-        run=run,
-        status__in=[ToolCall.Status.PENDING, ToolCall.Status.WAITING_APPROVAL,
-                    ToolCall.Status.APPROVED],
-    ).update(status=ToolCall.Status.CANCELLED, finished_at=timezone.now())  # fmt: skip
-    fields = run_finish_fields(
-        state, reason, str(terminal_status(reason, None)), detail=detail
+    run_end_unheld(
+        run,
+        reason=reason,
+        status=str(terminal_status(reason, None)),
+        note=f"the run stopped ({stop_reason})",
+        detail=detail,
+        stop_reason=stop_reason,  # the exact dimension
     )
-    fields["stop_reason"] = stop_reason  # the exact dimension
-    Run.objects.filter(id=run.id).update(
-        version=F("version") + 1,
-        step_token=None,
-        lease_owner="",
-        lease_expires_at=None,
-        engine_state=state.to_dict(),
-        **counters_from_state(state),
-        **fields,
-    )
-    run.refresh_from_db()
     # Releases what it still holds and frees its slot; the budget.exhausted event
     # was written when the reservation was refused.
     budget_run_ended(run=run, reason=reason, dimension=stop_reason, detail=detail)

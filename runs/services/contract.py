@@ -18,8 +18,6 @@ import logging
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
-from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_request_open_question
@@ -35,13 +33,11 @@ from runs.engine.enforcement import (
     run_quota_refusal,
 )
 from runs.engine.envelope import ErrorCode, ToolResult
-from runs.engine.loop import EngineState
-from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason, terminal_status
 from runs.engine.tools import SecretReader, Tool
-from runs.models import Run, ToolCall
+from runs.models import Run
 from runs.services.admission import budget_run_ended
-from runs.services.lifecycle import counters_from_state, run_finish_fields
+from runs.services.lifecycle import run_end_unheld
 from runs.spans import run_root_end
 
 logger = logging.getLogger(__name__)
@@ -141,26 +137,13 @@ def run_end_repeated_error(*, run_id: Any, detail: str) -> bool:
     if run is None:
         return False
     reason = StopReason.REPEATED_ERROR
-    state = EngineState.from_dict(run.engine_state)
-    close_open_calls(state.transcript, f"the run stopped ({reason})")
-    ToolCall.objects.filter(
-        run=run,
-        status__in=[ToolCall.Status.PENDING, ToolCall.Status.WAITING_APPROVAL,
-                    ToolCall.Status.APPROVED],
-    ).update(status=ToolCall.Status.CANCELLED, finished_at=timezone.now())  # fmt: skip
-    fields = run_finish_fields(
-        state, reason, str(terminal_status(reason, None)), detail=detail
+    run_end_unheld(
+        run,
+        reason=reason,
+        status=str(terminal_status(reason, None)),
+        note=f"the run stopped ({reason})",
+        detail=detail,
     )
-    Run.objects.filter(id=run.id).update(
-        version=F("version") + 1,
-        step_token=None,
-        lease_owner="",
-        lease_expires_at=None,
-        engine_state=state.to_dict(),
-        **counters_from_state(state),
-        **fields,
-    )
-    run.refresh_from_db()
     budget_run_ended(run=run, reason=reason, dimension="", detail=detail)
     transaction.on_commit(lambda: _root_end(run))
     return True

@@ -1,4 +1,5 @@
-"""Give a run its next step: a new step token, and the task once it is committed."""
+"""Give a run its next step: a new step token, and the task once it is committed;
+and the lifecycle hooks of a run that ended outside a step."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
 from controlplane.celery import app as celery_app
+from runs.engine.hooks import HookEvent
 from runs.models import Run
+from runs.services.guard_config import hooks_of
 from runs.spans import traceparent_for
 
 logger = logging.getLogger(__name__)
 
 ADVANCE_TASK = "runs.tasks.advance_run_task"
+FINISHED_HOOKS_TASK = "runs.tasks.run_finished_hooks_task"
 
 
 def step_enqueue(run: Run) -> None:
@@ -65,6 +69,34 @@ def step_dispatch_on_commit(run: Run) -> None:
             logger.warning(
                 "run %s: the broker is unavailable, step not enqueued; "
                 "recovery will enqueue it",
+                run_id,
+                exc_info=True,
+            )
+
+    transaction.on_commit(dispatch)
+
+
+def finished_hooks_on_commit(run: Run) -> None:
+    """A run ended outside a step (cancelled while waiting or queued, or a person
+    refused to let it go on): its `run_finished` hooks run in a worker once the
+    end is committed, as a step runs them when it ends the run. Timed hooks are
+    no work for the request that ended it."""
+    version = run.agent_version
+    if version is None or not any(
+        hook.event is HookEvent.RUN_FINISHED for hook in hooks_of(version)
+    ):
+        return
+    run_id = str(run.id)
+
+    def dispatch() -> None:
+        try:
+            celery_app.signature(FINISHED_HOOKS_TASK).apply_async(
+                kwargs={"run_id": run_id}
+            )
+        except BrokerUnavailable:
+            # Too late to block anything: the run's end stands without them.
+            logger.warning(
+                "run %s: the broker is unavailable, its run_finished hooks did not run",
                 run_id,
                 exc_info=True,
             )

@@ -31,7 +31,14 @@ from runs.evals.results import (
 from runs.evals.selectors import eval_suite_document
 from runs.models import Agent, AgentVersion, EvalRun, EvalSuite, EvalTrial, Run
 from runs.services.decide import approval_decide
-from runs.services.lifecycle import RunConflict, RunInputError, run_cancel, run_start
+from runs.services.lifecycle import (
+    RunConflict,
+    run_cancel,
+    run_input_problem,
+    run_start,
+)
+from shop.models import ShopWorld
+from shop.services import shop_worlds_create
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +48,7 @@ __all__ = [
     "MAX_K",
     "EvalRunRefused",
     "eval_run_finish_if_done",
+    "eval_run_create",
     "eval_run_start",
     "eval_runs_sweep",
     "eval_trial_after_step",
@@ -82,7 +90,46 @@ def _version_of(tenant: Tenant, agent_slug: str, number: int | None) -> AgentVer
     return version
 
 
-@transaction.atomic
+def eval_run_create(
+    *,
+    suite: EvalSuite,
+    snapshot: dict[str, Any],
+    k: int,
+    user: User | None,
+    agent_version: AgentVersion | None = None,
+    external_agent: str = "",
+    notes: list[str] | None = None,
+) -> tuple[EvalRun, list[EvalTrial]]:
+    """An eval run of a hosted agent version or of an external agent, with its
+    k trials per case pending: a hosted trial until its run starts, an
+    external one until its client reports it."""
+    eval_run = EvalRun.objects.create(
+        tenant_id=suite.tenant_id,
+        suite=suite,
+        agent_version=agent_version,
+        external_agent=external_agent,
+        k=k,
+        status=EvalRun.Status.RUNNING,
+        suite_snapshot=snapshot,
+        summary={"notes": notes} if notes else {},
+        created_by=user,
+        started_at=timezone.now(),
+    )
+    by_slug = {case.slug: case for case in suite.cases.all()}
+    trials = EvalTrial.objects.bulk_create(
+        EvalTrial(
+            eval_run=eval_run,
+            case=by_slug.get(case["slug"]),
+            case_slug=case["slug"],
+            index=index,
+            status=EvalTrial.Status.PENDING,
+        )
+        for case in snapshot["cases"]
+        for index in range(k)
+    )
+    return eval_run, trials
+
+
 def eval_run_start(
     *,
     tenant: Tenant,
@@ -94,8 +141,14 @@ def eval_run_start(
 ) -> EvalRun:
     """Start k trials of every case of `suite` against the agent's version (its
     current one by default). Refused (EvalRunRefused) with nothing written when k
-    is out of 1..100, the suite has no case, or a grader or scripted approval
-    names a tool the version lacks."""
+    is out of 1..100, the suite has no case, a case's input cannot start a run,
+    or a grader or scripted approval names a tool the version lacks.
+
+    The eval run and its trials (pending) are committed first; then each case's
+    worlds and runs are committed as they start, so the workers begin on the
+    first case while the last is started (an eval run is not finished while a
+    trial is pending). A start that fails after the checks cancels what it
+    started and fails the eval run, saying why."""
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
         raise EvalRunRefused({"k": [f"k must be between 1 and {MAX_K}, not {k!r}"]})
     if suite.tenant_id != tenant.id:
@@ -106,68 +159,91 @@ def eval_run_start(
         raise EvalRunRefused({"suite": [f"suite {suite.slug} has no cases"]})
     agent_version = _version_of(tenant, agent_slug, version)
     problems = graders_check_against(agent_version, cases)
+    for case in cases:
+        refused = run_input_problem(case["input"])
+        if refused:
+            problems[f"cases[{case['slug']}].input"] = [refused]
     if problems:
         raise EvalRunRefused(problems)
-    # World setup is not applied: a case's orders would collide with the
-    # tenant's demo shop (order ids are unique per tenant), and a trial must
-    # not change a real shop's orders. Said in the summary, not faked.
-    notes = [
-        f"case {case['slug']}: world setup ({len(case['world'].get('orders', []))} "
-        "order(s)) is not applied; the trial runs against the tenant's shop"
-        for case in cases
-        if case["world"]
-    ]
-    eval_run = EvalRun.objects.create(
-        tenant=tenant,
-        suite=suite,
-        agent_version=agent_version,
-        k=k,
-        status=EvalRun.Status.RUNNING,
-        suite_snapshot=snapshot,
-        summary={"notes": notes} if notes else {},
-        created_by=user,
-        started_at=timezone.now(),
-    )
-    by_slug = {case.slug: case for case in suite.cases.all()}
-    for case in cases:
-        for index in range(k):
-            try:
-                run = run_start(
-                    tenant=tenant,
-                    agent_slug=agent_slug,
-                    input=case["input"],
-                    started_by=user,
-                    version=agent_version,
-                )
-            except RunInputError as refused:  # rolls back the whole eval run
-                raise EvalRunRefused(
-                    {f"cases[{case['slug']}].{refused.field}": [str(refused)]}
-                ) from None
-            EvalTrial.objects.create(
-                eval_run=eval_run,
-                case=by_slug.get(case["slug"]),
-                case_slug=case["slug"],
-                index=index,
-                run=run,
-                status=EvalTrial.Status.RUNNING,
-            )
-    audit_record(
-        tenant=tenant,
-        actor=user,
-        action="eval_run.start",
-        object_type="eval_run",
-        object_id=str(eval_run.id),
-        after={
-            "suite": suite.slug,
-            "agent": agent_slug,
-            "version": agent_version.number,
-            "k": k,
-        },
-    )
+    with transaction.atomic():
+        eval_run, trials = eval_run_create(
+            suite=suite, snapshot=snapshot, k=k, user=user, agent_version=agent_version
+        )
+        audit_record(
+            tenant=tenant,
+            actor=user,
+            action="eval_run.start",
+            object_type="eval_run",
+            object_id=str(eval_run.id),
+            after={
+                "suite": suite.slug,
+                "agent": agent_slug,
+                "version": agent_version.number,
+                "k": k,
+            },
+        )
+    try:
+        for at, case in enumerate(cases):
+            with transaction.atomic():
+                worlds = _trial_worlds(tenant, eval_run, case, k)
+                for index, world in enumerate(worlds):
+                    run = run_start(
+                        tenant=tenant,
+                        agent_slug=agent_slug,
+                        input=case["input"],
+                        started_by=user,
+                        version=agent_version,
+                        world_id=None if world is None else world.id,
+                        # Each trial its own end user: a fresh memory, and the
+                        # per-end-user budget limits hold it like any user.
+                        end_user=f"eval-trial:{trials[at * k + index].id}",
+                    )
+                    EvalTrial.objects.filter(id=trials[at * k + index].id).update(
+                        run=run, status=EvalTrial.Status.RUNNING
+                    )
+    except Exception as failure:
+        _eval_run_abandon(eval_run, f"a trial could not be started: {failure}")
+        raise
     # A trial that ended at once (refused by the runs-per-period budget) is
-    # graded after commit, like any other.
+    # graded now, like any other.
     transaction.on_commit(lambda: eval_runs_sweep(eval_run_id=eval_run.id))
     return eval_run
+
+
+def _eval_run_abandon(eval_run: EvalRun, why: str) -> None:
+    """A start that failed half-way: its runs cancelled, its trials and the
+    eval run failed with the reason (no trial is left waiting)."""
+    logger.exception("eval run %s: %s", eval_run.id, why)
+    for run in Run.objects.filter(eval_trial__eval_run=eval_run):
+        with suppress(RunConflict):
+            run_cancel(run=run, actor=None)
+    EvalTrial.objects.filter(eval_run=eval_run, status__in=OPEN_TRIALS).update(
+        status=EvalTrial.Status.ERROR,
+        passed=False,
+        grader_results=[
+            {"kind": "start", "passed": False, "error": True, "reason": why}
+        ],  # fmt: skip
+        graded_at=timezone.now(),
+    )
+    EvalRun.objects.filter(id=eval_run.id).update(
+        status=EvalRun.Status.FAILED, summary={"notes": [why]},
+        finished_at=timezone.now(),
+    )  # fmt: skip
+
+
+def _trial_worlds(
+    tenant: Tenant, eval_run: EvalRun, case: dict[str, Any], k: int
+) -> list[ShopWorld | None]:
+    """A fresh shop for each trial of a case that sets up a world: its orders
+    exactly as the case says, seen and changed by that trial's run alone."""
+    if not case["world"]:
+        return [None] * k
+    worlds = shop_worlds_create(
+        tenant=tenant,
+        orders=case["world"].get("orders", []),
+        labels=[f"eval run {eval_run.id} {case['slug']} #{i}" for i in range(k)],
+    )
+    return list(worlds)
 
 
 def _case_of(eval_run: EvalRun, slug: str) -> dict[str, Any]:
@@ -322,6 +398,8 @@ def eval_runs_sweep(*, eval_run_id: Any = None, limit: int = 500) -> int:
     for trial in trials[:limit]:
         eval_runs.add(trial.eval_run_id)
         run = trial.run
+        if run is None and trial.status == EvalTrial.Status.PENDING:
+            continue  # an external agent's trial its client has not reported
         if run is None or run.is_terminal or run.status == Run.Status.WAITING_APPROVAL:
             if run is None:
                 eval_trial_grade(trial_id=trial.id)

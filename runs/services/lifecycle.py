@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import uuid
 from typing import Any, NamedTuple
 
@@ -15,22 +16,26 @@ from django.db.models import F
 from django.utils import timezone
 
 from approvals.services import approval_requests_cancel_for_run
+from budgets.end_user_ledger import end_user_limited
 from budgets.ledger import budget_release_for_run
 from budgets.models import Budget
 from budgets.prices import PriceLookup, model_price_for
+from budgets.selectors import budget_of
 from budgets.services import tenant_run_ceiling
 from controlplane import metrics
 from controlplane.celery import workers_gone
 from controlplane.durability import recoverable_transaction
 from controlplane.models import Tenant
 from controlplane.services import audit_record
+from runs.engine.disclosure import skills_from
 from runs.engine.loop import AgentConfig, EngineState
 from runs.engine.step import close_open_calls
 from runs.engine.stop import StopReason
 from runs.models import Agent, AgentVersion, Run, ToolCall
 from runs.runtime import effective_limits
 from runs.services.admission import budget_admit_run, run_slot_claim, runs_start_queued
-from runs.services.dispatch import step_enqueue
+from runs.services.dispatch import finished_hooks_on_commit, step_enqueue
+from runs.services.session import session_log_flush
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +56,40 @@ class RunConflict(Exception):
         self.run = run
 
 
+# An end user's id as a caller's system knows it ("c-8812", "user@example.com",
+# "crm:42"): no slash, so it can never name a path outside its own memory.
+END_USER_PATTERN = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+
+
+def end_user_problem(end_user: str, *, tenant: Tenant) -> str:
+    """Why `end_user` cannot start a run of the tenant, or ""."""
+    if end_user and not END_USER_PATTERN.fullmatch(end_user):
+        return (
+            "must be 1 to 128 characters of letters, digits and . _ : @ - (e.g. c-8812)"
+        )
+    if not end_user:
+        budget = budget_of(tenant.pk)
+        if budget is not None and end_user_limited(budget):
+            return (
+                "this tenant's budget limits spend per end user; name the end "
+                "user the run serves"
+            )
+    return ""
+
+
+def run_input_problem(input: str) -> str:
+    """Why `input` cannot start a run, or "" (what an eval run checks of every
+    case before it starts any)."""
+    if not input.strip():
+        return "the input is empty"
+    if len(input) > settings.RUN_MAX_INPUT_CHARS:
+        return (
+            f"the input has {len(input)} characters; the limit is "
+            f"{settings.RUN_MAX_INPUT_CHARS}"
+        )
+    return ""
+
+
 @transaction.atomic
 def run_start(
     *,
@@ -60,9 +99,14 @@ def run_start(
     started_by: User | None,
     limits: dict[str, Any] | None = None,
     version: AgentVersion | None = None,
+    world_id: uuid.UUID | None = None,
+    end_user: str = "",
 ) -> Run:
     """Start a run of the agent's current version, or of `version` (one of its
-    versions: an eval run tries a version that need not be the current one)."""
+    versions: an eval run tries a version that need not be the current one).
+    `world_id`: the world its tools act in (an eval trial's own shop); None,
+    the tenant's real one. `end_user`: who the run serves (its memory and the
+    per-end-user budget limits); required when the tenant sets such limits."""
     agent = (
         Agent.objects.filter(tenant=tenant, slug=agent_slug, deleted_at__isnull=True)
         .select_related("current_version")
@@ -84,31 +128,36 @@ def run_start(
             "agent",
             f"agent {agent_slug!r} records runs sent over OTLP; it is not run here",
         )
-    if not input.strip():
-        raise RunInputError("input", "the input is empty")
-    if len(input) > settings.RUN_MAX_INPUT_CHARS:
-        raise RunInputError(
-            "input",
-            f"the input has {len(input)} characters; the limit is "
-            f"{settings.RUN_MAX_INPUT_CHARS}",
-        )
+    refused = run_input_problem(input)
+    if refused:
+        raise RunInputError("input", refused)
+    refused = end_user_problem(end_user, tenant=tenant)
+    if refused:
+        raise RunInputError("end_user", refused)
     try:
         caps = effective_limits(
             version, limits or {}, ceiling=tenant_run_ceiling(tenant.pk)
         )
     except (ValueError, ArithmeticError, TypeError) as exc:
         raise RunInputError("limits", str(exc)) from exc
-    config = AgentConfig(name=agent.slug, system_prompt=version.system_prompt)
+    # The prompt carries the skills' index, never their bodies (load_skill).
+    config = AgentConfig(
+        name=agent.slug,
+        system_prompt=version.system_prompt,
+        skills=skills_from(version.skills),
+    )
     state = EngineState.start(config, input)
     run = Run.objects.create(
         tenant=tenant,
         agent=agent,
         agent_version=version,
         input=input,
+        end_user=end_user,
         started_by=started_by,
         limits=caps.to_dict(),
         engine_state=state.to_dict(),
         trace_id=uuid.uuid4().hex,
+        world_id=world_id,
     )
     audit_record(
         tenant=tenant,
@@ -120,6 +169,7 @@ def run_start(
             "agent": agent.slug,
             "agent_version": version.number,
             "limits": caps.to_dict(),
+            "end_user": end_user,
         },
     )
     transaction.on_commit(metrics.run_started)
@@ -279,6 +329,41 @@ def run_finish_fields(
     }
 
 
+def run_end_unheld(
+    run: Run,
+    *,
+    reason: StopReason,
+    status: str,
+    note: str,
+    detail: str = "",
+    **changes: Any,
+) -> None:
+    """End a run no step holds (queued, or waiting on a person), under its row
+    lock: its open calls closed with `note`, its log flushed, its end written
+    (with `changes` over the finish fields); its `run_finished` hooks follow the
+    commit. The caller frees what the run holds in the budget."""
+    state = EngineState.from_dict(run.engine_state)
+    close_open_calls(state.transcript, note)
+    ToolCall.objects.filter(
+        run=run,
+        status__in=[ToolCall.Status.PENDING, ToolCall.Status.WAITING_APPROVAL,
+                    ToolCall.Status.APPROVED],
+    ).update(status=ToolCall.Status.CANCELLED, finished_at=timezone.now())  # fmt: skip
+    session_log_flush(run_id=run.id, state=state)
+    fields = {**run_finish_fields(state, reason, status, detail=detail), **changes}
+    Run.objects.filter(id=run.id).update(
+        version=F("version") + 1,
+        step_token=None,
+        lease_owner="",  # a dead step's (see _lease_alive)
+        lease_expires_at=None,
+        engine_state=state.to_dict(),
+        **counters_from_state(state),
+        **fields,
+    )
+    run.refresh_from_db()
+    finished_hooks_on_commit(run)
+
+
 @transaction.atomic
 def run_cancel(*, run: Run, actor: User | None) -> Run:
     """Cancel a run; a finished run is a conflict. A run in a step stops at its
@@ -301,25 +386,14 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
         Run.objects.filter(id=locked.id).update(cancel_requested=True)
         locked.refresh_from_db()
         return locked
-    state = EngineState.from_dict(locked.engine_state)
-    close_open_calls(state.transcript, "the run was cancelled")
-    ToolCall.objects.filter(
-        run=locked,
-        status__in=[ToolCall.Status.PENDING, ToolCall.Status.WAITING_APPROVAL,
-                    ToolCall.Status.APPROVED],
-    ).update(status=ToolCall.Status.CANCELLED, finished_at=timezone.now())  # fmt: skip
     _approvals_cancel(locked)
-    Run.objects.filter(id=locked.id).update(
+    run_end_unheld(
+        locked,
+        reason=StopReason.CANCELLED,
+        status=Run.Status.CANCELLED,
+        note="the run was cancelled",
         cancel_requested=True,
-        version=F("version") + 1,
-        step_token=None,
-        lease_owner="",  # a dead step's (see _lease_alive)
-        lease_expires_at=None,
-        engine_state=state.to_dict(),
-        **counters_from_state(state),
-        **run_finish_fields(state, StopReason.CANCELLED, Run.Status.CANCELLED),
     )
-    locked.refresh_from_db()
     # Its slot frees now; the budget row before the counters (the ledger's lock
     # order: both stay locked until this transaction commits).
     runs_start_queued(tenant_id=locked.tenant_id)

@@ -29,10 +29,21 @@ from controlplane.services import audit_record
 from runs.mcp.client import mcp_list_tools
 from runs.mcp.connection import mcp_endpoint_for
 from runs.mcp.endpoint import ListedTool, McpFailure
-from runs.mcp.pinning import ListingChanges, definition_problem, mcp_listing_apply
+from runs.mcp.pinning import (
+    ListingChanges,
+    definition_problem,
+    mcp_listing_apply,
+    without_secret,
+)
 from runs.models import McpServer, McpTool
 from runs.sandbox import HostPort, SandboxSpecError, SandboxUnavailable, probe_host
 from runs.sandbox.capabilities import require_layers
+from runs.tools.egress import (
+    CREDENTIALS,
+    NETWORK,
+    EgressSettingsError,
+    egress_settings_errors,
+)
 from runs.tools.run_code import sandbox_settings
 
 LIST_TASK = "runs.tasks.mcp_stdio_list_task"
@@ -61,6 +72,7 @@ def mcp_server_view(server: McpServer) -> dict[str, Any]:
         "command": list(server.command),
         "auth_secret": server.auth_secret,
         "network": list(server.network),
+        "credentials": dict(server.credentials),
         "enabled": server.enabled,
     }
 
@@ -108,6 +120,8 @@ def _validate(tenant: Tenant, data: Mapping[str, Any]) -> dict[str, Any]:
     secret = data.get("auth_secret") or ""
     if secret and not secret_exists(tenant_id=tenant.id, name=secret):
         errors["auth_secret"] = [f"secret {secret!r} is not set in this tenant"]
+    credentials = dict(data.get("credentials") or {})
+    errors.update(_credential_errors(tenant, transport, data, credentials))
     if McpServer.objects.filter(tenant=tenant, slug=data["slug"]).exists():
         errors["slug"] = [f"an MCP server {data['slug']!r} already exists"]
     if errors:
@@ -120,6 +134,31 @@ def _validate(tenant: Tenant, data: Mapping[str, Any]) -> dict[str, Any]:
         "command": command,
         "auth_secret": secret,
         "network": network,
+        "credentials": credentials,
+    }
+
+
+def _credential_errors(
+    tenant: Tenant, transport: str, data: Mapping[str, Any], credentials: dict[str, Any]
+) -> dict[str, list[str]]:
+    """A stdio server's egress credentials, checked as an agent tool's are (each
+    host in `network`, each secret set in the tenant); an HTTP server has one
+    secret, its `auth_secret`, sent by the host itself."""
+    if not credentials:
+        return {}
+    if transport == McpServer.Transport.HTTP:
+        return {
+            "credentials": [
+                "an http server's secret is its auth_secret; credentials are for "
+                "the hosts a stdio server reaches through the egress proxy"
+            ]
+        }
+    settings_ = {NETWORK: list(data.get("network") or []), CREDENTIALS: credentials}
+    problems = egress_settings_errors(settings_, field="server", tenant_id=tenant.id)
+    return {
+        path.removeprefix("server."): [message]
+        for path, message in problems.items()
+        if path.startswith(f"server.{CREDENTIALS}")
     }
 
 
@@ -132,15 +171,23 @@ def _listing(server: McpServer) -> list[ListedTool]:
         endpoint = mcp_endpoint_for(
             server, timeout_seconds=settings.MCP_LIST_TIMEOUT_SECONDS
         )
-        return mcp_list_tools(
+        listing = mcp_list_tools(
             endpoint, timeout_seconds=settings.MCP_LIST_TIMEOUT_SECONDS
         )
+        # An HTTP server holds its auth header and may list it back; a stdio
+        # server never holds its credentials (the egress proxy adds them).
+        for sent in endpoint.headers.values():
+            listing = [without_secret(tool, sent) for tool in listing]
+        return listing
     except McpFailure as failure:
         if failure.kind in ("too_many_tools", "too_large"):
             field = "server"
         raise McpInputError({field: [str(failure)]}) from None
     except SecretMissing as missing:
-        raise McpInputError({"auth_secret": [str(missing)]}) from None
+        field = "credentials" if server.credentials else "auth_secret"
+        raise McpInputError({field: [str(missing)]}) from None
+    except EgressSettingsError as invalid:
+        raise McpInputError({"credentials": [str(invalid)]}) from None
 
 
 def _lists_here() -> bool:
@@ -168,6 +215,7 @@ def _listing_by_a_worker(server: McpServer) -> list[ListedTool]:
         "slug": server.slug,
         "command": list(server.command),
         "network": list(server.network),
+        "credentials": dict(server.credentials),
     }
     try:
         # Named, not imported: runs.tasks imports the services (as dispatch.py).
@@ -185,9 +233,8 @@ def _listing_by_a_worker(server: McpServer) -> list[ListedTool]:
         cache.delete(reply_key)
         if "failure" in reply:
             too_much = reply["kind"] in ("too_many_tools", "too_large")
-            raise McpInputError(
-                {"server" if too_much else "command": [reply["failure"]]}
-            )
+            field = reply.get("field") or ("server" if too_much else "command")
+            raise McpInputError({field: [reply["failure"]]})
         return [ListedTool(**tool) for tool in reply["tools"]]
     raise McpInputError(
         {"command": ["no worker listed its tools in time: is a worker running?"]}
@@ -195,16 +242,24 @@ def _listing_by_a_worker(server: McpServer) -> list[ListedTool]:
 
 
 def mcp_stdio_listing_reply(
-    *, reply_key: str, tenant_id: str, slug: str, command: list[str], network: list[str]
+    *,
+    reply_key: str,
+    tenant_id: str,
+    slug: str,
+    command: list[str],
+    network: list[str],
+    credentials: dict[str, Any] | None = None,
 ) -> None:
     """In a worker: list a stdio server's tools and leave the answer (or the
-    failure's message) in the cache under `reply_key`."""
+    failure's message) in the cache under `reply_key`. The egress credentials'
+    secrets are read here, from the store, by name."""
     server = McpServer(
         tenant_id=tenant_id,
         slug=slug,
         transport=McpServer.Transport.STDIO,
         command=command,
         network=network,
+        credentials=credentials or {},
     )
     try:
         endpoint = mcp_endpoint_for(
@@ -215,6 +270,9 @@ def mcp_stdio_listing_reply(
         )
     except McpFailure as failure:
         reply: dict[str, Any] = {"failure": str(failure), "kind": failure.kind}
+    except (SecretMissing, EgressSettingsError) as invalid:
+        message = str(invalid.args[0]) if invalid.args else str(invalid)
+        reply = {"failure": message, "kind": "credentials", "field": "credentials"}
     else:
         reply = {"tools": [dataclasses.asdict(tool) for tool in listing]}
     cache.set(reply_key, reply, timeout=120)

@@ -201,6 +201,7 @@ def reservation_create(
                 amounts=amounts,
                 now=now,
                 expires_at=expires_at,
+                end_user=run.end_user,
             )
             if isinstance(result, BudgetRefusal):
                 # The run a first reservation created goes too: nothing written.

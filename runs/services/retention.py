@@ -1,4 +1,5 @@
-"""Deleting runs: one run through the API, and a tenant's expired runs by beat.
+"""Deleting runs: one run through the API, and a tenant's expired runs by beat
+(with the end users' memory files nobody wrote to since the cutoff).
 
 A run goes with everything recorded about it: its steps, tool calls, approval
 requests and their decisions, spans, run events, and the span payloads no other
@@ -27,6 +28,7 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest
 from controlplane.models import Tenant
 from controlplane.services import audit_record
+from runs.memory import memory_retention_purge
 from runs.models import Run, Step, ToolCall
 from runs.services.lifecycle import RunConflict
 from tracing.models import RunEvent, Span, SpanPayload
@@ -74,6 +76,8 @@ class RetentionReport:
     deleted: DeletedRows = field(default_factory=DeletedRows)
     # Expired runs were left for the next pass (the pass's batch cap or time).
     more: bool = False
+    # End users' memory files not written since the cutoff (runs.memory).
+    memory_files: int = 0
 
 
 def _digests(refs: Iterable[dict[str, Any]]) -> set[str]:
@@ -289,7 +293,10 @@ def tenant_retention_apply(
                 )
             )
         report.batches += 1
-    if report.deleted.runs:
+    # Memory outlives the runs that wrote it, but not the tenant's retention:
+    # a file nobody wrote to since the cutoff goes (docs/memory.md).
+    report.memory_files = memory_retention_purge(tenant=tenant, cutoff=cutoff)
+    if report.deleted.runs or report.memory_files:
         audit_record(
             tenant=tenant,
             actor=None,
@@ -302,6 +309,7 @@ def tenant_retention_apply(
                 "batches": report.batches,
                 "more": report.more,
                 "deleted": report.deleted.as_dict(),
+                "memory_files": report.memory_files,
             },
         )
     return report

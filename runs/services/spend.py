@@ -16,11 +16,11 @@ from budgets.extensions import ExtensionAsk, limits_with_extensions
 from budgets.ledger import budget_reserve, budget_settle
 from budgets.models import Budget, BudgetLedgerEntry
 from budgets.periods import Amounts, BudgetRefusal
-from budgets.prices import unknown_price_refused
+from budgets.prices import model_price_for, unknown_price_refused
 from budgets.selectors import budget_of
 from budgets.services import UNKNOWN_PRICE
 from controlplane import metrics
-from runs.engine.actions import ModelReply
+from runs.engine.actions import ModelReply, Usage
 from runs.engine.adapters import ModelError
 from runs.engine.budget import BudgetLimits, BudgetVector, ModelPrice
 from runs.engine.step import ModelCallPlan, billable_usage
@@ -57,14 +57,7 @@ def budget_before_model_call(
     """Reserve the model call's worst case; None when the tenant has no budget.
     `budget`: the tenant's, read at the step's start."""
     if not price_known and unknown_price_refused(budget=budget, run_limits=run.limits):
-        return run_budget_refused(
-            run,
-            BudgetRefusal(
-                UNKNOWN_PRICE,
-                f"the price of model {_model_of(run)!r} is unknown, so the "
-                "cost of this run cannot be bounded",
-            ),
-        )
+        return _unknown_price_refused(run, _model_of(run))
     if budget is None:
         return None
     amounts = Amounts(
@@ -72,23 +65,43 @@ def budget_before_model_call(
         output_tokens=plan.reservation.output_tokens,
         cost=plan.reservation.cost,
     )
+    return _model_call_reserve(
+        run=run, budget=budget, amounts=amounts, step_index=step_index,
+        label="model_call",
+    )  # fmt: skip
+
+
+def _model_call_reserve(
+    *, run: Run, budget: Budget, amounts: Amounts, step_index: int, label: str
+) -> BudgetLedgerEntry | BudgetRefusal:
+    """Reserve a model call (the agent's, or a guardrail's: `label`) and log it."""
     result = budget_reserve(
         budget=budget,
         run_id=run.pk,
         kind=BudgetLedgerEntry.Kind.MODEL_CALL,
         amounts=amounts,
         step_index=step_index,
+        end_user=run.end_user,
     )
     if isinstance(result, BudgetRefusal):
-        return run_budget_refused(
-            run, result, kind="model_call", wanted=amounts.to_dict()
-        )
+        return run_budget_refused(run, result, kind=label, wanted=amounts.to_dict())
     run_budget_event(
         run,
         "budget.reserved",
-        {"kind": "model_call", "entry": str(result.pk), **amounts.to_dict()},
+        {"kind": label, "entry": str(result.pk), **amounts.to_dict()},
     )
     return result
+
+
+def _unknown_price_refused(run: Run, model: str) -> BudgetRefusal:
+    return run_budget_refused(
+        run,
+        BudgetRefusal(
+            UNKNOWN_PRICE,
+            f"the price of model {model!r} is unknown, so the cost of this run "
+            "cannot be bounded",
+        ),
+    )
 
 
 def budget_after_model_call(
@@ -116,14 +129,71 @@ def budget_after_model_call(
             output_tokens=spent.output_tokens,
         )  # fmt: skip
     if isinstance(entry, BudgetLedgerEntry):
-        actual = Amounts(spent.input_tokens, spent.output_tokens, spent.cost)
-        budget_settle(entry, actual)
-        run_budget_event(
-            run,
-            "budget.settled",
-            {"kind": "model_call", "entry": str(entry.pk), **actual.to_dict()},
-        )
+        _model_call_settle(run, entry, spent, label="model_call")
     span_remaining(usage + spent, limits)
+
+
+def _model_call_settle(
+    run: Run, entry: BudgetLedgerEntry, spent: BudgetVector, *, label: str
+) -> None:
+    actual = Amounts(spent.input_tokens, spent.output_tokens, spent.cost)
+    budget_settle(entry, actual)
+    run_budget_event(
+        run,
+        "budget.settled",
+        {"kind": label, "entry": str(entry.pk), **actual.to_dict()},
+    )
+
+
+def budget_before_guardrail_call(
+    *, run: Run, model: str, worst: Usage
+) -> tuple[BudgetLedgerEntry | None, ModelPrice] | BudgetRefusal:
+    """Reserve a guardrail's model call like the agent's own (its model's
+    price, `worst` its most tokens); the entry (None without a tenant budget)
+    and the price to settle with."""
+    price = model_price_for(model=model, tenant_id=run.tenant_id)
+    budget = budget_of(run.tenant_id)
+    if not price.known and unknown_price_refused(budget=budget, run_limits=run.limits):
+        return _unknown_price_refused(run, model)
+    if budget is None:
+        return None, price.price
+    amounts = Amounts(
+        input_tokens=worst.input_tokens,
+        output_tokens=worst.output_tokens,
+        cost=price.price.cost(worst.input_tokens, worst.output_tokens),
+    )
+    result = _model_call_reserve(
+        run=run, budget=budget, amounts=amounts, step_index=run.steps,
+        label="guardrail",
+    )  # fmt: skip
+    if isinstance(result, BudgetRefusal):
+        return result
+    return result, price.price
+
+
+def budget_after_guardrail_call(
+    *,
+    run: Run,
+    entry: BudgetLedgerEntry | None,
+    price: ModelPrice,
+    usage: Usage | None,
+) -> BudgetVector:
+    """Settle with what the call used (nothing when it failed); returns it for
+    the run's own counters (no step: the run's steps are the agent's turns)."""
+    used = usage or Usage()
+    spent = BudgetVector(
+        input_tokens=used.input_tokens,
+        output_tokens=used.output_tokens,
+        cost=price.cost(used.input_tokens, used.output_tokens),
+    )
+    if usage is not None:
+        metrics.spend_recorded(
+            kind="model_call", cost=spent.cost, input_tokens=spent.input_tokens,
+            output_tokens=spent.output_tokens,
+        )  # fmt: skip
+    if entry is not None:
+        _model_call_settle(run, entry, spent, label="guardrail")
+    return spent
 
 
 def budget_before_tool_call(
@@ -143,6 +213,7 @@ def budget_before_tool_call(
         kind=BudgetLedgerEntry.Kind.TOOL_CALL,
         amounts=amounts,
         call_id=call_id,
+        end_user=run.end_user,
     )
     if isinstance(result, BudgetRefusal):
         return run_budget_refused(

@@ -34,19 +34,22 @@ from runs.engine.contracts import (
     ToolSource,
     parse_quota,
 )
-from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
+from runs.engine.disclosure import is_deferred
+from runs.engine.envelope import ErrorCode, SuggestedAction, ToolFailure, ToolResult
 from runs.engine.tools import Tool, ToolContext
 from runs.mcp.client import mcp_call_tool
 from runs.mcp.connection import mcp_endpoint_for, sandbox_evidence
 from runs.mcp.endpoint import McpFailure, clip, mcp_model_name
 from runs.mcp.pinning import mcp_listing_apply
 from runs.models import McpServer, McpTool
+from runs.tools.egress import CREDENTIALS, EgressSettingsError, egress_secret_names
 
 MCP_REF_PREFIX = "mcp:"
 # Text kept of one result (the observation shown to the model is bounded again).
 MAX_RESULT_TEXT_CHARS = 200_000
 # Codes an `isError` result may name in its structured error; anything else is
 # EINVAL (the model may fix it).
+_ACTIONS = frozenset(action.value for action in SuggestedAction)
 _TOOL_ERROR_CODES = {
     ErrorCode.EINVAL,
     ErrorCode.EPERM,
@@ -142,15 +145,19 @@ def mcp_contract(row: McpTool, *, approval: str = "") -> ToolContract:
         idempotency=Idempotency(row.idempotency),
         # The tenant vouched for the effect; the server's own claims never count.
         source=ToolSource.TRUSTED if declared else ToolSource.UNTRUSTED,
-        # The server's auth secret is the one secret its calls may read.
-        auth_scope=" ".join(
-            [f"secrets:{row.server.auth_secret}"] if row.server.auth_secret else []
-        )
+        # The server's auth secret, or its egress credentials' secrets, are the
+        # only secrets its calls may read.
+        auth_scope=" ".join(f"secrets:{name}" for name in _secrets_of(row.server))
         or None,
         cost=ToolCost(quota=_quota(row.quota)),
         version=row.accepted_sha256[:16],
         approval=need,
     )
+
+
+def _secrets_of(server: McpServer) -> list[str]:
+    names = [server.auth_secret] if server.auth_secret else []
+    return names + egress_secret_names({CREDENTIALS: server.credentials})
 
 
 def _quota(declared: str) -> str | None:
@@ -176,7 +183,7 @@ def mcp_tool(row: McpTool, *, settings: Mapping[str, Any]) -> Tool:
 
     # Inline (it reads the database): the session's own deadline ends the call,
     # its SDK loop on a thread of its own that is waited for at most that long.
-    return Tool(contract, handler, timeout_seconds=None)
+    return Tool(contract, handler, timeout_seconds=None, deferred=is_deferred(settings))
 
 
 def _call(
@@ -199,9 +206,19 @@ def _call(
             f"{contract.name} is disabled ({row.status}): its definition must be "
             "accepted again by an admin",
         )
-    # The auth secret comes through the context, as the contract's auth_scope
-    # allows (EACCES otherwise, naming the secret, never a value).
-    endpoint = mcp_endpoint_for(server, timeout_seconds=timeout, secret=ctx.secret)
+    # The auth secret and egress credentials come through the context, as the
+    # contract's auth_scope allows (EACCES otherwise, naming the secret, never a
+    # value).
+    try:
+        endpoint = mcp_endpoint_for(server, timeout_seconds=timeout, secret=ctx.secret)
+    except EgressSettingsError as invalid:
+        raise ToolFailure(
+            ErrorCode.EACCES,
+            f"{contract.name} cannot reach its credentialed hosts ({invalid}); "
+            "ask an operator",
+            retryable=False,
+            suggested_action="do_not_retry_ask_an_operator",
+        ) from None
     try:
         result = mcp_call_tool(
             endpoint, name, arguments, timeout_seconds=timeout, pinned_sha256=pinned
@@ -278,10 +295,24 @@ def _result(
     if not is_error:
         return ToolResult.success(data)
     code = ErrorCode.EINVAL
-    if isinstance(structured, Mapping):
-        error = structured.get("error")
-        if isinstance(error, Mapping) and error.get("code") in _TOOL_ERROR_CODES:
+    retryable: bool | None = None
+    action: str | None = None
+    error = structured.get("error") if isinstance(structured, Mapping) else None
+    if isinstance(error, Mapping):
+        if error.get("code") in _TOOL_ERROR_CODES:
             code = ErrorCode(str(error["code"]))
+        # The tool's own word on its error drives the host (spec §1.5), as a
+        # built-in tool's does. It can only make the host stop sooner or ask a
+        # person: what the host retries on its own stays the engine's rule (a
+        # read, bounded), and only the known action tokens are taken.
+        if isinstance(error.get("retryable"), bool):
+            retryable = error["retryable"]
+        if error.get("suggested_action") in _ACTIONS:
+            action = str(error["suggested_action"])
     return ToolResult.failure(
-        code, f"the MCP tool reported an error: {clip(text, 1000)}", data=data
+        code,
+        f"the MCP tool reported an error: {clip(text, 1000)}",
+        retryable=retryable,
+        suggested_action=action,
+        data=data,
     )

@@ -5,10 +5,18 @@ tool's name, or `mcp:<server_slug>/<tool_name>` for a tenant's MCP tool
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from runs.engine.contracts import ApprovalNeed, ToolContract
+from runs.engine.contracts import ApprovalNeed, Effect, Idempotency, ToolContract
+from runs.engine.disclosure import (
+    DISCLOSURE_TOOLS,
+    Skill,
+    is_deferred,
+    load_skill_tool,
+    tool_search_tool,
+)
 from runs.engine.tools import Tool, ToolRegistry
 from runs.tools.echo import ECHO_TOOL
 from runs.tools.mcp import (
@@ -17,11 +25,12 @@ from runs.tools.mcp import (
     mcp_tools_for,
     unknown_mcp_refs,
 )
+from runs.tools.memory import MEMORY_TOOL
 from runs.tools.run_code import RUN_CODE_TOOL, run_code_tool
-from runs.tools.shop import SHOP_TOOLS
+from runs.tools.shop import SHOP_TOOLS, create_replacement
 
 BUILTIN_TOOLS: dict[str, Tool] = {
-    tool.name: tool for tool in [*SHOP_TOOLS, RUN_CODE_TOOL, ECHO_TOOL]
+    tool.name: tool for tool in [*SHOP_TOOLS, RUN_CODE_TOOL, ECHO_TOOL, MEMORY_TOOL]
 }
 
 
@@ -36,7 +45,31 @@ def _configured(name: str, settings: Mapping[str, Any] | None) -> Tool:
     if approval in (ApprovalNeed.ALWAYS, ApprovalNeed.NEVER):
         contract = dataclasses.replace(tool.contract, approval=ApprovalNeed(approval))
         tool = dataclasses.replace(tool, contract=contract)
+    if is_deferred(settings):
+        tool = dataclasses.replace(tool, deferred=True)
+    if name == "create_replacement":
+        tool = _replacement_demo_switches(tool, settings or {})
     return tool
+
+
+def _replacement_demo_switches(tool: Tool, settings: Mapping[str, Any]) -> Tool:
+    """The crash demo's switches (docs/demo.md): `idempotency_keys` False is the
+    shop without key support, so the contract says so (a plain write, no key)
+    and a call cut short by a crash is never re-run: its status is unknown.
+    `crash_after_effect` is the kill switch (runs.tools.shop)."""
+    honour_keys = settings.get("idempotency_keys", True) is not False
+    crash = settings.get("crash_after_effect") is True
+    if honour_keys and not crash:
+        return tool
+    contract = tool.contract
+    if not honour_keys:
+        contract = dataclasses.replace(
+            contract, effect=Effect.WRITE, idempotency=Idempotency.NONE
+        )
+    handler = functools.partial(
+        create_replacement, honour_keys=honour_keys, crash_after_effect=crash
+    )
+    return dataclasses.replace(tool, contract=contract, handler=handler)
 
 
 def tool_registry_for(
@@ -44,9 +77,11 @@ def tool_registry_for(
     *,
     tenant_id: Any = "",
     tool_settings: Mapping[str, Any] | None = None,
+    skills: Sequence[Skill] = (),
 ) -> ToolRegistry:
     """The agent's tools; a ref that names nothing usable is simply absent
-    (ENOTOOL), as is an MCP tool that is disabled."""
+    (ENOTOOL), as is an MCP tool that is disabled. With `skills`, `load_skill`
+    joins them; with a deferred tool, `tool_search` (runs/engine/disclosure.py)."""
     refs = list(refs)
     settings = tool_settings or {}
     tools = [
@@ -59,6 +94,14 @@ def tool_registry_for(
             if tool.name not in taken:
                 taken.add(tool.name)
                 tools.append(tool)
+    # The disclosure tools' names are the host's: an MCP tool that would take
+    # one (server "tool", tool "search") is not offered.
+    tools = [tool for tool in tools if tool.name not in DISCLOSURE_TOOLS]
+    deferred = [tool.contract for tool in tools if tool.deferred]
+    if skills:
+        tools.append(load_skill_tool(skills))
+    if deferred:
+        tools.append(tool_search_tool(deferred))
     return ToolRegistry(tools)
 
 

@@ -67,14 +67,20 @@ def sandbox_settings() -> SandboxSettings:
     )
 
 
-def _network(egress: Mapping[str, Any] | None, ctx: ToolContext) -> NetworkPolicy:
+def _network(
+    egress: Mapping[str, Any] | None, ctx: ToolContext, read: list[str]
+) -> NetworkPolicy:
     """The call's allowlist, with the tenant's secrets read here, on the host: they
-    go to the proxy's memory only, never into the sandbox."""
+    go to the proxy's memory only, never into the sandbox (`read` remembers them,
+    so an upstream that echoes its request headers cannot pass one to the model
+    through the program's output)."""
     if not egress:
         return NetworkPolicy()
 
     def secret(name: str) -> str:
-        return secret_value(tenant_id=ctx.tenant_id, name=name)
+        value = secret_value(tenant_id=ctx.tenant_id, name=name)
+        read.append(value)
+        return value
 
     try:
         return egress_policy_for(egress, secret_value=secret, field="run_code")
@@ -100,7 +106,12 @@ def run_code(
     *,
     egress: Mapping[str, Any] | None = None,
 ) -> ToolResult:
-    network = _network(egress, ctx)
+    read: list[str] = []
+    network = _network(egress, ctx, read)
+    return _outcome(arguments, network).without_values(read)
+
+
+def _outcome(arguments: dict[str, Any], network: NetworkPolicy) -> ToolResult:
     config = sandbox_settings()
     try:
         workspace = workspace_create(settings=config, label="run-code")

@@ -107,6 +107,10 @@ def test_dev_launcher_becomes_healthy_and_stops_every_child(tmp_path):
     # The second demo agent, seeded through the API, and its model server.
     assert "Agents: kettlecraft-support" in output
     assert "kettlecraft-warranty (local OpenAI-compatible model, MCP tool)" in output
+    # The demo's eval suite, its judge at that model server.
+    assert "Demo: eval suite kettlecraft (judge endpoint kettlecraft-judge at " in (
+        output
+    )
     for prefix in ("   web | ", "worker | ", "  beat | ", " redis | ", " model | ",
                    "  otlp | "):  # fmt: skip
         assert prefix in output

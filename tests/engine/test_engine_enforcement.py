@@ -22,7 +22,7 @@ from runs.engine.contracts import (
     parse_quota,
 )
 from runs.engine.enforcement import REPEATED_ERROR_RULE, RetryPolicy
-from runs.engine.envelope import ErrorCode, ToolFailure
+from runs.engine.envelope import ErrorCode, ToolFailure, ToolResult
 from runs.engine.loop import (
     AgentConfig,
     ApprovalResolution,
@@ -147,6 +147,35 @@ def test_two_tools_two_secrets_each_tool_sees_only_its_own() -> None:
     assert "beta-value" not in json.dumps(result.messages)
 
 
+def test_a_secret_the_call_read_is_taken_out_of_its_result() -> None:
+    """A tool (a server) that says back the secret it was handed: the value
+    leaves its data, its error message and its refs before the model sees them."""
+
+    def echo(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        value = ctx.secret("ALPHA_KEY")
+        return ToolResult.failure(
+            ErrorCode.EPERM,
+            f"refused key {value}",
+            data={"said": value, "nested": [f'{{"k": "{value}"}}'], value: 1},
+            refs=({"kind": "note", "id": value},),
+        )
+
+    tool = Tool(contract("echo", auth_scope="secrets:ALPHA_KEY"), echo)
+    result = run([tool], [calls("echo")], secrets=secret_reader)
+    said = json.dumps(result.messages)
+    assert "alpha-value" not in said
+    assert "refused key [REDACTED]" in said
+    observed = result.steps[0].results[0]
+    assert observed.error is not None
+    assert observed.error.message == "refused key [REDACTED]"
+    assert observed.data == {
+        "said": "[REDACTED]",
+        "nested": ['{"k": "[REDACTED]"}'],
+        "[REDACTED]": 1,
+    }
+    assert observed.refs == ({"kind": "note", "id": "[REDACTED]"},)
+
+
 def test_a_secret_outside_the_scope_is_an_eacces_result_without_its_value() -> None:
     greedy = Tool(
         contract("greedy", auth_scope="secrets:ALPHA_KEY"),
@@ -262,11 +291,13 @@ def test_no_retry_starts_past_the_calls_time_or_the_runs_deadline() -> None:
         backoff_seconds=100, max_backoff_seconds=100, max_call_seconds=1000
     )
     config = AgentConfig(name="a", reserve_output_tokens=50, retry=slow)
-    limits = BudgetLimits(max_wall_seconds=60)
+    # The jittered wait is 50-150 s: every draw passes a 40 s deadline (a 60 s
+    # one let a tenth of the draws retry).
+    limits = BudgetLimits(max_wall_seconds=40)
     run(
         [Tool(contract("read"), handler)], [calls("read")], config=config, limits=limits
     )
-    assert len(attempts) == 1  # waiting 50-150 s would pass the run's deadline
+    assert len(attempts) == 1
 
 
 def test_irreversible_writes_and_permission_errors_are_never_retried() -> None:

@@ -204,6 +204,17 @@ def test_401_is_not_retried_and_names_no_key(server: ChatCompletionsServer) -> N
     assert "sk-stream-test" not in str(caught.value)
 
 
+def test_a_key_the_provider_quotes_back_whole_or_in_part_is_hidden(
+    server: ChatCompletionsServer,
+) -> None:
+    server.error(401, "Invalid key sk-stream-test; did you mean sk-stream-te****?")
+    with pytest.raises(ModelError) as caught:
+        model(server).complete(MESSAGES, [], 64, on_delta=Sink())
+    said = str(caught.value)
+    assert "sk-stream-te" not in said and "stream-t" not in said
+    assert "Invalid key [REDACTED]; did you mean [REDACTED]****?" in said
+
+
 def test_a_stream_without_usage_is_charged_the_reservation(
     server: ChatCompletionsServer,
 ) -> None:

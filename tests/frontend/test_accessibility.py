@@ -23,6 +23,8 @@ from approvals.models import ApprovalRequest
 from controlplane.members import member_create
 from frontend import urls as frontend_urls
 from runs.services import run_start
+from runs.services.evals import eval_suite_create
+from tests.eval_compare_data import CASES, finished, start
 from tests.frontend.test_browser import shop, waiting_run
 
 __all__ = ["shop"]
@@ -90,12 +92,23 @@ def test_axe_finds_no_serious_violation_on_any_page(
     # A second run for the run diff page: queued, nothing to compare yet.
     other = run_start(
         tenant=shop, agent_slug="kettlecraft-support", input="Where is order 4821?",
-        started_by=operator_user,
+        started_by=operator_user, end_user="customer-42",
     )  # fmt: skip
+    # A suite and two finished eval runs of it for the eval pages.
+    suite = eval_suite_create(
+        tenant=shop, actor=operator_user,
+        document={"slug": "kettle", "name": "Kettle support", "cases": CASES},
+    )  # fmt: skip
+    first = finished(start(suite, agent, operator_user, version=1, k=1))
+    second = finished(start(suite, agent, operator_user, version=1, k=1))
     values = {
         "run_id": str(run.id),
         "agent_id": str(agent.id),
         "other_id": str(other.id),
+        "suite_slug": suite.slug,
+        "eval_run_id": str(first.id),
+        "other_eval_run_id": str(second.id),
+        "end_user": other.end_user,
     }
     for path in page_paths(values):
         page.goto(path)

@@ -42,6 +42,35 @@ def opened(page: Any, path: str) -> Any:
     return page
 
 
+def test_a_lazily_loaded_trace_opened_whole_is_searched_without_the_server(
+    tenant: Any, operator_user: Any, open_page: Any
+) -> None:
+    trace = store_trace(tenant=tenant, user=operator_user, **LARGE)
+    page = opened(open_page(operator_user), f"/runs/{trace.run.id}/")
+    # A page of children says which spans are leaves: a tool without children
+    # offers no expander once its step is open.
+    row(page, "step 0").click()
+    page.keyboard.press("*")  # every step open
+    total = Span.objects.filter(run=trace.run).count()
+    page.wait_for_function(f"() => window.cpTrace.size >= {total}", timeout=60_000)
+    leaf = row(page, "execute_tool lookup_order #0").first
+    expect(leaf).not_to_have_attribute("aria-expanded", re.compile("."))
+    # The one tool with a span under it: its list loads once it is shown.
+    page.get_by_role("tree").focus()
+    page.keyboard.press("e")
+    page.wait_for_function("() => window.cpTrace.complete", timeout=30_000)
+    asked: list[str] = []
+    page.on(
+        "request", lambda r: asked.append(r.url) if "/spans/search/" in r.url else None
+    )
+    search = page.get_by_role("searchbox", name=re.compile("Search spans"))
+    search.fill("lookup_order #2")
+    expect(page.locator("#search-status")).to_have_text("1 of 130 matches")
+    search.fill("KC-2161")
+    expect(page.locator("#search-status")).to_have_text("1 of 1 match")
+    assert asked == []
+
+
 def test_search_and_next_error_in_a_large_lazily_loaded_trace(
     tenant: Any, operator_user: Any, open_page: Any
 ) -> None:
@@ -88,6 +117,10 @@ def test_search_and_next_error_in_a_large_lazily_loaded_trace(
     expect(hit).to_have_attribute("aria-selected", "true")
 
     # By name: every step's third tool, highlighted; n and N move through them.
+    asked: list[str] = []
+    page.on(
+        "request", lambda r: asked.append(r.url) if "/spans/search/" in r.url else None
+    )
     search.fill("lookup_order #2")
     expect(page.locator("#search-status")).to_have_text("1 of 130 matches")
     expect(page.locator(".trow.hit-current mark")).to_have_text("lookup_order #2")
@@ -103,6 +136,23 @@ def test_search_and_next_error_in_a_large_lazily_loaded_trace(
     expect(current).to_contain_text("lookup_order #2")
     ids = current.get_attribute("data-span")
     assert Span.objects.get(span_id=ids).parent_span_id == trace.steps[1].span_id
+    # The first answer was cut to the first hits (with the count of all), the
+    # rest asked for after it: N from the first hit goes round to the last one,
+    # under the last step, and n back to the first.
+    page.keyboard.press("N")
+    expect(page.locator("#search-status")).to_have_text("1 of 130 matches")
+    page.keyboard.press("N")
+    expect(page.locator("#search-status")).to_have_text("130 of 130 matches")
+    last = page.locator(".trow.hit-current")
+    expect(last).to_be_in_viewport()
+    expect(last.locator("mark")).to_have_text("lookup_order #2")
+    last_id = last.get_attribute("data-span")
+    assert Span.objects.get(span_id=last_id).parent_span_id == trace.steps[-1].span_id
+    page.keyboard.press("n")
+    expect(page.locator("#search-status")).to_have_text("1 of 130 matches")
+    by_name = [url for url in asked if "lookup_order" in url]
+    assert "limit=10" in by_name[0] and "offset" not in by_name[0], by_name
+    assert any("offset=10" in url and "limit=120" in url for url in by_name), by_name
 
     # By status: "error" finds the failed span (and nothing that only says ok).
     search.fill("error")

@@ -12,7 +12,7 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
-from controlplane.models import ApiToken, Membership
+from controlplane.models import ApiToken, AuditEvent, Membership
 from controlplane.services import api_token_issue
 
 pytestmark = [pytest.mark.browser]
@@ -147,3 +147,33 @@ def test_admin_revokes_a_members_token_and_the_page_says_who(
     page.reload()
     expect(page.locator("#tokens-body")).to_contain_text("oscar-ci")
     assert secret not in page.content()
+
+
+def test_admin_deactivates_a_member_whose_token_stops_then_reactivates_them(
+    tenant: Any, admin_user: Any, operator_user: Any, open_page: Any, daphne: Any
+) -> None:
+    issued = api_token_issue(tenant=tenant, user=operator_user, name="oscar-laptop")
+    me = f"{daphne.url}/api/v1/me/"
+    auth = {"Authorization": f"Bearer {issued.secret}"}
+    assert requests.get(me, headers=auth, timeout=10).status_code == 200
+
+    page = open_page(admin_user, "/members/")
+    row = page.locator('#members-body tr[data-member="oscar-operator"]')
+    expect(row.locator(".member-status")).to_have_text("active")
+    row.get_by_role("button", name="Deactivate oscar-operator").click()
+    expect(row.locator(".member-status")).to_contain_text("deactivated")
+    expect(row).to_have_class("inactive")
+    expect(row.get_by_role("button", name="Reactivate oscar-operator")).to_be_visible()
+    # The server holds it: his token no longer works here, and the audit says who.
+    assert Membership.objects.get(user=operator_user, tenant=tenant).deactivated_at
+    assert requests.get(me, headers=auth, timeout=10).status_code in (401, 403)
+    event = AuditEvent.objects.get(action="member.deactivate")
+    assert event.actor == admin_user
+
+    row.get_by_role("button", name="Reactivate oscar-operator").click()
+    expect(row.locator(".member-status")).to_have_text("active")
+    assert (
+        Membership.objects.get(user=operator_user, tenant=tenant).deactivated_at is None
+    )
+    assert requests.get(me, headers=auth, timeout=10).status_code == 200
+    assert AuditEvent.objects.filter(action="member.reactivate").count() == 1

@@ -163,7 +163,8 @@ def test_login_lands_on_the_overview_and_a_top_tool_opens_the_runs_that_called_i
             ["lookup_order: 2 failed of 4 calls", "send_refund: 1 failed of 1 calls"]
         )
         failures.get_by_role("link", name=re.compile("^lookup_order")).click()
-        page.wait_for_url(re.compile(r"/runs/\?"))
+        # The URL is the filter; the rows below wait for the page itself.
+        page.wait_for_url(re.compile(r"/runs/\?"), wait_until="commit")
         query = _query(page.url)
         assert (query["tool"], query["has_error"]) == ("lookup_order", "1")
         assert "from" in query and "to" in query

@@ -82,6 +82,14 @@ def test_filters_are_applied_by_the_server_and_kept_in_the_url(
 
     page.get_by_role("button", name="Clear filters").click()
     expect_rows(page, NEWEST_FIRST)
+    end_user = page.locator("#filters").get_by_label("End user")
+    end_user.fill("c-8812")
+    end_user.press("Enter")
+    expect_rows(page, ["lid", "refund"])
+    expect(page).to_have_url(re.compile(r"/runs/\?end_user=c-8812$"))
+    page.get_by_role("button", name="Clear filters").click()
+    expect_rows(page, NEWEST_FIRST)
+    expect(end_user).to_have_value("")
     page.locator("#filters").get_by_label("Agent", exact=True).select_option("beta")
     expect_rows(page, ["catalogue", "invoices", "lid"])
     # Chromium runs in UTC here: the local time typed is the instant sent.

@@ -84,9 +84,12 @@ class HttpMcpServer:
 
 
 class JunkHttpServer:
-    """Answers every POST (after `hang` seconds) and GET with `body`."""
+    """Answers every POST (after `hang` seconds) and GET with `body`; on `port`
+    (e.g. where a real server stopped), else on any free one."""
 
-    def __init__(self, body: bytes, content_type: str, *, hang: float = 0.0) -> None:
+    def __init__(
+        self, body: bytes, content_type: str, *, hang: float = 0.0, port: int = 0
+    ) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
                 self.rfile.read(int(self.headers.get("content-length", 0)))
@@ -108,7 +111,7 @@ class JunkHttpServer:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         threading.Thread(target=self._server.serve_forever, daemon=True).start()

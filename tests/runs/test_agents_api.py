@@ -11,6 +11,7 @@ import pytest
 from controlplane.models import AuditEvent
 from controlplane.secrets import secret_set
 from runs.models import Agent, AgentVersion, ModelEndpoint, Run
+from tests.agents import endpoint_for
 
 AGENT = {
     "slug": "support",
@@ -335,3 +336,23 @@ def test_an_endpoint_in_use_cannot_be_deleted_one_unused_can(
     )
     assert list(ModelEndpoint.objects.values_list("slug", flat=True)) == ["local"]
     assert AuditEvent.objects.filter(action="model_endpoint.delete").count() == 1
+
+
+def test_the_crash_demos_switch_is_refused_outside_a_scripted_agent(
+    admin_api, endpoint, tenant
+):
+    endpoint_for(tenant, kind="openai", base_url="http://127.0.0.1:9/v1", slug="real")
+    crash = {"create_replacement": {"crash_after_effect": True}}
+    served = {**AGENT, "endpoint": "real", "model": "gpt-4o-mini", "script": []}
+    refused = admin_api.post(
+        "/api/v1/agents/", {**served, "tool_settings": crash}, format="json"
+    )
+    assert refused.status_code == 400, refused.json()
+    assert "only an agent on a scripted endpoint" in str(
+        refused.json()["error"]["fields"]["tool_settings"]
+    )
+    assert not Agent.objects.exists() and not AgentVersion.objects.exists()
+    demo = admin_api.post(
+        "/api/v1/agents/", {**AGENT, "tool_settings": crash}, format="json"
+    )
+    assert demo.status_code == 201, demo.json()

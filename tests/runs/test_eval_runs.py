@@ -15,8 +15,10 @@ from django.core.management import CommandError, call_command
 
 from approvals.models import ApprovalRequest
 from runs.models import EvalRun, EvalTrial, Run
+from runs.services import eval_runs
 from runs.services.eval_runs import EvalRunRefused, eval_run_start
 from runs.services.evals import eval_suite_create
+from runs.services.lifecycle import run_start
 from tests.conftest import _member, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -140,6 +142,49 @@ def test_a_grader_naming_a_tool_the_agent_lacks_is_refused_and_nothing_written(
                        agent_slug=demo_agent.slug, k=2, user=operator_user)  # fmt: skip
     assert "'teleport'" in refused.value.problems["cases[0].graders[0].tool"][0]
     assert not EvalRun.objects.exists() and not Run.objects.exists()
+
+
+def test_a_case_input_over_the_run_limit_is_refused_naming_it_and_nothing_written(
+    demo_agent, operator_user, settings
+):
+    settings.RUN_MAX_INPUT_CHARS = 20
+    suite = _suite(demo_agent.tenant, operator_user, APPROVED)
+    with pytest.raises(EvalRunRefused) as refused:
+        eval_run_start(tenant=demo_agent.tenant, suite=suite,
+                       agent_slug=demo_agent.slug, k=2, user=operator_user)  # fmt: skip
+    assert list(refused.value.problems) == ["cases[approved].input"]
+    assert "the limit is 20" in refused.value.problems["cases[approved].input"][0]
+    assert not EvalRun.objects.exists() and not Run.objects.exists()
+
+
+def test_a_start_failing_half_way_cancels_what_it_started_and_fails_the_eval_run(
+    demo_agent, operator_user, monkeypatch
+):
+    """Each case's runs are committed as they start (the workers begin on the
+    first case); a failure after the checks leaves no trial waiting."""
+    started = []
+
+    def start_then_fail(**kwargs: Any) -> Run:
+        if len(started) == 2:
+            raise RuntimeError("the database went away")
+        started.append(run_start(**kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(eval_runs, "run_start", start_then_fail)
+    suite = _suite(demo_agent.tenant, operator_user, APPROVED, DENIED)
+    with pytest.raises(RuntimeError):
+        eval_run_start(tenant=demo_agent.tenant, suite=suite,
+                       agent_slug=demo_agent.slug, k=2, user=operator_user)  # fmt: skip
+    eval_run = EvalRun.objects.get()
+    assert eval_run.status == EvalRun.Status.FAILED
+    assert "the database went away" in eval_run.summary["notes"][0]
+    assert [r.status for r in Run.objects.filter(id__in=[r.id for r in started])] == [
+        Run.Status.CANCELLED,
+        Run.Status.CANCELLED,
+    ]
+    trials = list(EvalTrial.objects.filter(eval_run=eval_run))
+    assert len(trials) == 4
+    assert all(t.status == EvalTrial.Status.ERROR and t.passed is False for t in trials)
 
 
 def test_an_unknown_version_is_refused(demo_agent, operator_user):

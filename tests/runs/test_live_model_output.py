@@ -16,7 +16,7 @@ from django.db import connection
 
 from controlplane.asgi import application
 from controlplane.services import api_token_issue
-from runs.devserver import Behaviour, ChatCompletionsServer, Reply
+from runs.devserver import Behaviour, ChatCompletionsServer, MessagesServer, Reply
 from runs.engine.adapters.openai_compatible import OpenAIModel
 from runs.engine.budget import BudgetVector
 from runs.engine.step import ModelCallPlan, call_model
@@ -174,16 +174,19 @@ async def test_a_dropped_stream_resets_the_live_text(run: Run, secret: str) -> N
     assert after[0]["offset"] == 0
 
 
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
 async def test_a_run_on_a_streaming_endpoint_shows_its_reply_live(
-    tenant: Any, admin_user: Any
+    tenant: Any, admin_user: Any, kind: str
 ) -> None:
     """The whole path: run_advance builds the endpoint's streaming client and
-    the step relays its text while the model writes."""
-    with ChatCompletionsServer() as server:
+    the step relays its text while the model writes, for either protocol (the
+    Anthropic Messages API through its SDK)."""
+    protocol = ChatCompletionsServer if kind == "openai" else MessagesServer
+    with protocol() as server:
         server.push(Behaviour(reply=Reply(text=TEXT), chunk_delay=0.04))
 
         def prepare() -> tuple[Run, str]:
-            agent = make_agent(tenant, "live", kind="openai", model="gpt-live",
+            agent = make_agent(tenant, "live", kind=kind, model="m-live",
                                base_url=server.base_url)  # fmt: skip
             run = run_start(
                 tenant=tenant, agent_slug=agent.slug, input="hi", started_by=None

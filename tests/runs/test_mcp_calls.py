@@ -19,7 +19,7 @@ from runs.models import McpTool, Run, ToolCall
 from runs.services import run_start
 from runs.services.decide import ApprovalInputError, approval_decide
 from runs.services.mcp import mcp_server_register, mcp_tool_configure
-from tests.runs.mcp_servers import HttpMcpServer, build, redefine
+from tests.runs.mcp_servers import HttpMcpServer, JunkHttpServer, build, redefine
 from tests.secrets_probe import SecretProbe, captured_logs
 
 
@@ -232,6 +232,38 @@ def test_a_server_gone_at_call_time_is_an_error_observation(
     assert call.result["error"]["code"] == "EINTERNAL"
     assert "could not be reached" in call.result["error"]["message"]
     assert run.status == Run.Status.UNVERIFIED
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [(b"garbage!!", "application/json"), (b"<html>hello</html>", "text/html")],
+)
+def test_a_server_answering_garbage_at_call_time_is_an_error_observation(
+    tenant, admin_user, registered, claims, scripted_agent, drive_run, body,
+    content_type,
+):  # fmt: skip
+    world, http = claims
+    script = one_call("warranty_warranty_claim", {"order_id": "4821", "reason": "x"})
+    run = drive_run(
+        start(tenant, scripted_agent, ["mcp:warranty/warranty_claim"], script)
+    )
+    approval = ApprovalRequest.objects.get(run=run, status="pending")
+    approval_decide(request=approval, decided_by=admin_user, approve=True)
+    http.stop()  # what answers on its address by the time it runs is not MCP
+    junk = JunkHttpServer(body, content_type, port=http.port)
+    try:
+        run = drive_run(run)
+    finally:
+        junk.stop()
+    call = ToolCall.objects.get(run=run)
+    error = call.result["error"]
+    assert error["code"] == "EINTERNAL", call.result
+    # A write whose outcome is unknown: never retried blind, nothing was filed.
+    assert error["retryable"] is False
+    assert error["suggested_action"] == "check_state_before_retrying"
+    assert world.filed == []
+    assert run.status in (Run.Status.UNVERIFIED, Run.Status.FAILED), run.status
+    assert run.lease_owner == ""
 
 
 def test_a_disabled_or_unknown_mcp_tool_is_not_offered(

@@ -19,6 +19,9 @@ from tests.runs.mcp_servers import JunkHttpServer
 
 SERVER = str(settings.BASE_DIR / "runs" / "mcp" / "servers" / "warranty.py")
 COMMAND = ["/usr/bin/python3", SERVER, "--test-tools"]
+LEGACY_SERVER = str(
+    settings.BASE_DIR / "runs" / "mcp" / "servers" / "legacy_warranty.py"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +87,42 @@ def test_a_stdio_server_runs_in_the_sandbox_and_is_called_from_a_run(
     assert lookup.status == "succeeded", lookup.result
     assert lookup.result["data"]["structured"]["item"] == "kettle"
     assert run.status == Run.Status.UNVERIFIED
+
+
+def test_a_2025_only_stdio_server_is_reached_through_the_handshake(
+    admin_api, tenant, scripted_agent, drive_run
+):
+    """The 2026 client x 2025-only server cell (spec §2.9): `server/discover` is
+    unknown to it, so the client falls back to `initialize`, lists, pins and calls."""
+    response = register(admin_api, ["/usr/bin/python3", LEGACY_SERVER], "legacy")
+    assert response.status_code == 201, response.content
+    [listed] = response.json()["tools"]
+    assert (listed["name"], listed["status"]) == ("warranty_lookup", "active")
+    mcp_tool_configure(
+        tool=McpTool.objects.get(name="warranty_lookup"), actor=None,
+        data={"effect": "read_only", "requires_approval": False},
+    )  # fmt: skip
+    calls = [
+        {"id": "c1", "name": "legacy_warranty_lookup",
+         "arguments": {"order_id": "4821"}},
+        {"id": "c2", "name": "legacy_warranty_lookup",
+         "arguments": {"order_id": "9999"}},
+    ]  # fmt: skip
+    scripted_agent(
+        [{"tool_calls": calls}, {"text": "done"}], ["mcp:legacy/warranty_lookup"]
+    )
+    run = drive_run(
+        run_start(tenant=tenant, agent_slug="scripted", input="x", started_by=None)
+    )
+    found, missing = ToolCall.objects.filter(run=run).order_by("position")
+    assert found.status == "succeeded", found.result
+    assert found.result["data"]["structured"] == {
+        "order_id": "4821", "item": "kettle", "months_left": 18,
+        "protocol": "2025-11-25",
+    }  # fmt: skip
+    # Its isError result is the model's to fix, as a modern server's is.
+    assert missing.result["error"]["code"] == "EINVAL", missing.result
+    assert "no warranty for order 9999" in missing.result["error"]["message"]
 
 
 def test_an_upgraded_stdio_server_has_its_changed_tool_disabled(admin_api):

@@ -4,8 +4,10 @@ against real local upstream servers; the settings validator names the field."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,6 +95,47 @@ def test_run_code_reaches_listed_hosts_with_the_injected_credential(
     assert log[f"localhost:{upstream.port + 1}"]["decision"] == "deny"
     assert log["example.invalid:80"]["reason"] == "not on the allowlist"
     assert report["network_counts"] == {"allow": 1, "deny": 2}
+
+
+@pytest.fixture
+def echoing() -> Iterator[int]:
+    """An upstream that says back the request headers it got (careless or hostile)."""
+
+    class Echo(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            body = json.dumps(dict(self.headers)).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_upstream_echoing_the_credential_cannot_pass_it_to_the_model(
+    tenant: Any, echoing: int
+) -> None:
+    secret_set(tenant=tenant, name="PARTNER_KEY", value=SECRET, actor=None)
+    target = f"localhost:{echoing}"
+    settings = {
+        "network": [f"private:{target}"],
+        "credentials": {target: {"secret": "PARTNER_KEY", "tls": False}},
+    }
+    code = f"URLS = [('echoed', 'http://{target}/me')]\n" + PROGRAM
+    result = call_run_code(settings, code, tenant)
+    assert result.ok, result.to_dict()
+    out = json.loads(result.data["stdout"])
+    status, body = out["echoed"]
+    # The upstream got it (and said it back); the program's output lost it.
+    assert status == 200 and json.loads(body)["Authorization"] == "[REDACTED]"
+    assert SECRET not in json.dumps(result.to_dict())
 
 
 def test_a_missing_secret_fails_the_call_naming_it_and_runs_nothing(

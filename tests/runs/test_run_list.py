@@ -76,9 +76,14 @@ FILTERS = [
     ("tool=lookup_order&agent=beta", ["lid"]),
     ("tool=lookup_order&from=2026-11-02", ["lid", "parcel"]),
     ("tool=lookup_order&q=kettle", ["refund"]),
+    # The end user a run serves, exactly.
+    ("end_user=c-8812", ["lid", "refund"]),
+    ("end_user=c-8812&status=succeeded", ["refund"]),
+    ("end_user=c-1234", ["parcel"]),
+    ("end_user=c-88", []),
     # Empty values filter nothing.
     (
-        "status=&agent=&tool=&from=&to=&cost_gt=&has_error=&waiting=&q=&sort=",
+        "status=&agent=&tool=&end_user=&from=&to=&cost_gt=&has_error=&waiting=&q=&sort=",
         NEWEST_FIRST,
     ),
 ]
@@ -196,6 +201,8 @@ BAD = [
     ("tool=lookup%20order", "tool"),
     ("tool=" + "x" * 65, "tool"),
     ("tool=a%00b", "tool"),
+    ("end_user=c%208812", "end_user"),
+    ("end_user=" + "x" * 129, "end_user"),
 ]
 
 
@@ -226,6 +233,7 @@ def test_another_tenants_runs_never_match(
         "sort=agent",
         "from=2026-01-01",
         "tool=lookup_order",
+        "end_user=c-8812",
     ]:
         rows = client.get(f"/api/v1/runs/?{query}").json()["results"]
         assert rows, query

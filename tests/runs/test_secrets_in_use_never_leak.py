@@ -14,10 +14,14 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from mcp.server.mcpserver import MCPServer
 
 from controlplane import redaction
-from runs.models import Run, ToolCall
+from controlplane.redaction import REDACTED
+from controlplane.secrets import secret_set
+from runs.models import McpTool, Run, ToolCall
 from runs.services import run_start
+from runs.services.mcp import mcp_server_register, mcp_tool_configure
 from tests.runs.mcp_servers import HttpMcpServer, build
 from tests.secrets_probe import SecretProbe, captured_logs
 
@@ -123,3 +127,89 @@ def test_an_mcp_servers_auth_secret_reaches_the_server_and_nothing_else(
     probe.assert_clean()
     if scrubber == "off":
         assert redaction._known_secrets_pattern is None  # nothing was scrubbed
+
+
+@pytest.mark.parametrize("scrubber", ["on", "off"])
+def test_a_server_that_echoes_its_secret_does_not_put_it_in_the_model_context(
+    scrubber: str,
+    monkeypatch: Any,
+    tenant: Any,
+    admin_user: Any,
+    scripted_agent: Any,
+    drive_run: Any,
+) -> None:
+    """The server holds its own token and may say it back (careless or hostile):
+    the host takes out of a call's result every secret the call read, before the
+    result is an observation, a row or a span."""
+    if scrubber == "off":
+        monkeypatch.setattr(redaction, "_KNOWN_SECRET_MIN_CHARS", 10**6)
+    server = MCPServer("echo", log_level="WARNING")
+
+    def whoami() -> dict[str, str]:
+        return {"said": f"you are calling with {TOKEN}", "quoted": f'"{TOKEN}"'}
+
+    server.add_tool(whoami, description="Who the caller is.")
+    http = HttpMcpServer(server, bearer=TOKEN)
+    try:
+        secret_set(tenant=tenant, name="ECHO_TOKEN", value=TOKEN, actor=None)
+        mcp_server_register(
+            tenant=tenant, actor=admin_user,
+            data={"slug": "echo", "transport": "http", "url": http.url,
+                  "network": http.network, "auth_secret": "ECHO_TOKEN"},
+        )  # fmt: skip
+        mcp_tool_configure(
+            tool=McpTool.objects.get(name="whoami"), actor=None,
+            data={"effect": "read_only", "requires_approval": False},
+        )  # fmt: skip
+        call = {"id": "c1", "name": "echo_whoami", "arguments": {}}
+        scripted_agent([{"tool_calls": [call]}, {"text": "done"}], ["mcp:echo/whoami"])
+        with captured_logs() as logs:
+            run = drive_run(
+                run_start(
+                    tenant=tenant, agent_slug="scripted", input="x", started_by=None
+                )
+            )
+    finally:
+        http.stop()
+    row = ToolCall.objects.get(run=run)
+    assert row.status == "succeeded", row.result
+    said = row.result["data"]["structured"]
+    assert said == {
+        "said": f"you are calling with {REDACTED}",
+        "quoted": f'"{REDACTED}"',
+    }
+    probe = SecretProbe(TOKEN)
+    probe.logs(logs)
+    probe.database()
+    probe.assert_clean()
+
+
+def test_a_server_that_lists_its_secret_has_it_taken_out_and_the_tool_refused(
+    tenant: Any, admin_user: Any
+) -> None:
+    """A listing is pinned and shown to models: a server that puts its own token
+    in a tool's description or schema gets it taken out before anything is
+    stored, and that tool is invalid (never offered) until it lists it no more."""
+    server = MCPServer("careless", log_level="WARNING")
+
+    def lookup(order_id: str) -> str:
+        return order_id
+
+    server.add_tool(lookup, description=f"Send Authorization: Bearer {TOKEN}.")
+    http = HttpMcpServer(server, bearer=TOKEN)
+    try:
+        secret_set(tenant=tenant, name="CARELESS_TOKEN", value=TOKEN, actor=None)
+        mcp_server_register(
+            tenant=tenant, actor=admin_user,
+            data={"slug": "careless", "transport": "http", "url": http.url,
+                  "network": http.network, "auth_secret": "CARELESS_TOKEN"},
+        )  # fmt: skip
+    finally:
+        http.stop()
+    tool = McpTool.objects.get(name="lookup")
+    assert tool.status == McpTool.Status.INVALID
+    assert "repeats the server's secret" in tool.problem
+    assert tool.description == f"Send Authorization: {REDACTED}."
+    probe = SecretProbe(TOKEN)
+    probe.database()
+    probe.assert_clean()

@@ -362,7 +362,12 @@ new Stream({
   path: "/ws/tenant/",
   cursorParam: "after_id",
   cursorOf: (event) => event.id,
-  onEvent: (event) => { if ((event.type || "").startsWith("approval.")) refresh(); },
-  onResync: refresh,
+  onEvent: (event) => {
+    const type = event.type || "";
+    if (type.startsWith("approval.")) refresh();
+    // reviews_panel.js keeps the "Flagged for review" list on this one stream.
+    if (type.startsWith("run.review_")) window.dispatchEvent(new CustomEvent("reviews:changed"));
+  },
+  onResync: () => { refresh(); window.dispatchEvent(new CustomEvent("reviews:changed")); },
   poll: async () => { await load(); return []; },
 }).start();

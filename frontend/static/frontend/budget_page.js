@@ -1,5 +1,5 @@
-// Budget: the tenant's period limits and usage as gauges, per-run caps and the
-// concurrency limit; admins edit them (the server validates, its messages show
+// Budget: the tenant's period limits and usage as gauges, per-run caps, the
+// per-end-user limits and the concurrency limit; admins edit them (the server validates, its messages show
 // next to the fields).
 
 import { api, ApiError } from "./api.js";
@@ -51,6 +51,12 @@ function render() {
     sections.push(el("h3", { class: "h3", text: "Ceiling on each run's caps" }), el("dl", { class: "caps" },
       ...Object.entries(limits.run).flatMap(([name, cap]) => [el("dt", { text: DIM_LABEL[name] || name }), el("dd", { text: cap == null ? "no cap" : fmtFor(name)(cap) })])));
   }
+  const perUser = Object.entries(limits.end_user || {}).flatMap(([period, caps]) =>
+    Object.entries(caps || {}).filter(([, cap]) => cap != null).flatMap(([name, cap]) => [
+      el("dt", { text: `${DIM_LABEL[name] || name} per ${period}` }), el("dd", { text: fmtFor(name)(cap) })]));
+  sections.push(el("h3", { class: "h3", text: "Each end user at most" }), perUser.length
+    ? el("dl", { class: "caps", "data-testid": "end-user-limits" }, ...perUser)
+    : el("p", { class: "muted small", "data-testid": "end-user-limits", text: "No per-end-user limit: an end user may use what the tenant may." }));
   sections.push(el("p", { class: "muted small", text: `Unknown model prices: ${budget.allow_unknown_price ? "allowed (tokens counted, cost unbounded)" : "refused"}` }));
   document.getElementById("gauges").replaceChildren(...sections);
   if (canEdit) renderForm();
@@ -74,6 +80,13 @@ function renderForm() {
     groups.push(el("fieldset", {}, el("legend", { text: title }),
       ...Object.entries(limits[group]).map(([name, value]) =>
         input(`${group}.${name}`, value, DIM_LABEL[name] || name, { integer: !isCost(name) && name !== "max_wall_seconds" }))));
+  }
+  for (const period of ["day", "month"]) {
+    const caps = limits.end_user?.[period];
+    if (!caps) continue;
+    groups.push(el("fieldset", {}, el("legend", { text: `Each end user, ${period === "day" ? "daily" : "monthly"}` }),
+      ...Object.entries(caps).map(([name, value]) =>
+        input(`end_user.${period}.${name}`, value, DIM_LABEL[name] || name, { integer: !isCost(name) }))));
   }
   const mode = el("select", { id: "budget-period_mode", name: "period_mode", "aria-describedby": "budget-period_mode-error" },
     ...["calendar", "rolling"].map((m) => el("option", { value: m, text: m, selected: budget.period_mode === m })));
@@ -116,8 +129,11 @@ document.getElementById("budget-form")?.addEventListener("submit", async (event)
     let value = null;
     if (raw !== "") value = field.dataset.integer === "1" && /^-?\d+$/.test(raw) ? Number(raw) : (Number.isNaN(Number(raw)) ? raw : Number(raw));
     if (isCost(field.name.split(".").at(-1)) && raw !== "") value = raw; // decimals travel as text
-    const [group, name] = field.name.includes(".") ? field.name.split(".") : [null, field.name];
-    if (group) (limits[group] = limits[group] || {})[name] = value; else limits[name] = value;
+    // "max_concurrent_runs", "day.cost" or "end_user.day.cost": one object per dot.
+    const path = field.name.split(".");
+    let into = limits;
+    for (const key of path.slice(0, -1)) into = into[key] = into[key] || {};
+    into[path.at(-1)] = value;
   }
   const body = {
     period_mode: document.getElementById("budget-period_mode").value,

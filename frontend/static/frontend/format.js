@@ -16,6 +16,9 @@ const STOP_REASONS = {
   no_progress: "no progress (the same step repeated)", policy_denied: "denied by policy",
   repeated_error: "repeated error (a tool failed the same way twice)",
   cancelled: "cancelled", model_error: "model error", internal_error: "internal error",
+  guardrail_tripped: "stopped by a guardrail",
+  guardrail_unavailable: "guardrail could not run (failed closed)",
+  hook_blocked: "stopped by a hook", hook_failed: "a hook failed (blocked)",
 };
 
 export function stopReasonLabel(reason) {

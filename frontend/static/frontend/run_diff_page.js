@@ -1,6 +1,7 @@
-// Two runs side by side, steps aligned by meaning (GET /api/v1/runs/<a>/diff/<b>/):
-// totals at the top, one row per aligned pair, changed arguments highlighted,
-// the first divergence marked and scrolled into view.
+// Two runs side by side, steps aligned by meaning (GET /api/v1/runs/<a>/diff/<b>/),
+// or a run beside its replay (GET /api/v1/runs/<a>/replay-diff/): totals at the
+// top, one row per aligned pair, changed arguments highlighted, the first
+// divergence marked and scrolled into view.
 
 import { api } from "./api.js";
 import { duration, el, money, statusBadge, tokens } from "./format.js";
@@ -136,7 +137,9 @@ function pairRow(pair, index, firstIndex) {
 async function load() {
   let body;
   try {
-    body = await api(`/api/v1/runs/${encodeURIComponent(left)}/diff/${encodeURIComponent(right)}/`);
+    body = await api(root.dataset.replay
+      ? `/api/v1/runs/${encodeURIComponent(left)}/replay-diff/`
+      : `/api/v1/runs/${encodeURIComponent(left)}/diff/${encodeURIComponent(right)}/`);
   } catch (error) {
     const box = document.getElementById("diff-error");
     box.textContent = `Could not compare the runs: ${error.message}`;
@@ -153,7 +156,7 @@ async function load() {
     first
       ? el("a", { href: `#pair-${first.pair}`, "data-testid": "first-divergence-link",
         text: `First divergence at left step ${first.left_index ?? "–"} / right step ${first.right_index ?? "–"}: ${first.reason}` })
-      : el("strong", { text: "The runs did the same things." }));
+      : el("strong", { text: root.dataset.replay ? "The replay did what the run did." : "The runs did the same things." }));
   const list = document.createDocumentFragment();
   const firstIndex = first ? first.pair : -1;
   body.pairs.forEach((pair, index) => {

@@ -262,6 +262,7 @@ function renderRun() {
     ["Duration", duration(since(run.started_at, end))], ["Steps", run.steps], ["Tool calls", run.tool_calls],
     ["Tokens", `${tokens(run.input_tokens)} in / ${tokens(run.output_tokens)} out`], ["Cost", money(run.cost)],
   ];
+  if (run.end_user) facts.push(["End user", el("a", { href: `/end-users/${encodeURIComponent(run.end_user)}/`, "data-testid": "run-end-user", text: run.end_user }), "run-end-user-fact"]);
   if (run.stop_reason) facts.push(["Stop reason", `${stopReasonLabel(run.stop_reason)}${run.stop_detail ? ` — ${run.stop_detail}` : ""}`]);
   if (run.verdict) facts.push(["Outcome", outcomeText(), "run-verdict"]);
   const decided = [...approvals.values()].filter((a) => a.status !== "pending").map(decisionOfApproval);
@@ -412,6 +413,9 @@ function selectSpan(node, { refetch = true } = {}) {
   clearTimeout(detailTimer);
   const token = ++detailToken;
   detailTimer = setTimeout(async () => {
+    // After a search being asked (the next one, typed while this hit is shown).
+    await loader.quiet();
+    if (token !== detailToken) return;
     const totals = api(`/api/v1/spans/${node.s.id}/subtree/`).catch((error) => ({ error: error.message }));
     try {
       const full = await api(`/api/v1/spans/${node.s.id}/`);

@@ -9,7 +9,7 @@ import { Stream, throttle } from "./stream.js";
 
 const PAGE = 50;
 // The URL's query names, agreed with the overview's click-through (INTERFACES.md).
-const FILTERS = ["status", "agent", "tool", "from", "to", "cost_gt", "has_error", "waiting", "q"];
+const FILTERS = ["status", "agent", "tool", "end_user", "from", "to", "cost_gt", "has_error", "waiting", "q"];
 const DEFAULT_SORT = "-created_at";
 const COLUMNS_KEY = "controlplane.runs.columns";
 const WAITING_WORDS = { approval: "approval", input: "input", budget: "budget extension" };
@@ -104,13 +104,15 @@ function showState(state, { live = false } = {}) {
   field("cost_gt").value = state.cost_gt;
   // A live refresh must not overwrite a tool name being typed; the search box
   // applies itself while typed, so what it holds is always the newer.
-  if (!live || document.activeElement !== field("tool")) field("tool").value = state.tool;
+  for (const name of ["tool", "end_user"]) {
+    if (!live || document.activeElement !== field(name)) field(name).value = state[name];
+  }
   if (document.activeElement !== field("q")) field("q").value = state.q;
 }
 
 function stateFromForm() {
   const state = { sort: stateFromUrl().sort };
-  for (const name of ["status", "agent", "tool", "has_error", "waiting", "cost_gt"]) state[name] = field(name).value.trim();
+  for (const name of ["status", "agent", "tool", "end_user", "has_error", "waiting", "cost_gt"]) state[name] = field(name).value.trim();
   for (const name of ["from", "to"]) {
     const input = field(name);
     // Untouched, the URL's own value stays (the input shows minutes only).
@@ -183,7 +185,7 @@ async function load({ live = false } = {}) {
   }
 }
 
-const LABELS = { status: "Status", agent: "Agent", tool: "Tool called", from: "Created from", to: "Created before", cost_gt: "Cost above",
+const LABELS = { status: "Status", agent: "Agent", tool: "Tool called", end_user: "End user", from: "Created from", to: "Created before", cost_gt: "Cost above",
   has_error: "Errors", waiting: "Waiting on", q: "Search", sort: "Sort", limit: "Page size", offset: "Page" };
 
 function showError(error) {
@@ -317,11 +319,13 @@ filters.addEventListener("change", (event) => {
   if (event.target === field("q")) return; // typed: applied by the debounce below
   navigate(stateFromForm());
 });
-// The tool box's clear button fires "search", not "change" (typing and Enter
+// The text boxes' clear button fires "search", not "change" (typing and Enter
 // are the form's change and submit).
-field("tool").addEventListener("search", () => {
-  if (!field("tool").value && stateFromUrl().tool) navigate(stateFromForm());
-});
+for (const name of ["tool", "end_user"]) {
+  field(name).addEventListener("search", () => {
+    if (!field(name).value && stateFromUrl()[name]) navigate(stateFromForm());
+  });
+}
 let typing = null;
 field("q").addEventListener("input", () => {
   clearTimeout(typing);
@@ -343,6 +347,7 @@ if (form) {
     const submit = document.getElementById("start-submit");
     const agent = document.getElementById("start-agent").value;
     const input = document.getElementById("start-input").value;
+    const endUser = document.getElementById("start-end_user").value.trim();
     showFieldErrors("start", null);
     // Server validation is the authority; these only save a round trip.
     const local = {};
@@ -351,7 +356,8 @@ if (form) {
     if (Object.keys(local).length) { showFieldErrors("start", { fields: local }, "start-form-error"); return; }
     submit.disabled = true;
     try {
-      await api("/api/v1/runs/", { method: "POST", body: { agent, input } });
+      const body = endUser ? { agent, input, end_user: endUser } : { agent, input };
+      await api("/api/v1/runs/", { method: "POST", body });
       document.getElementById("start-input").value = "";
       // The new run shows if it matches the filters in view.
       await load();

@@ -8,6 +8,7 @@
 // frame mean the socket is stale even if the browser has not noticed (offline,
 // a dead proxy); the page says so and reconnects.
 
+import { holdLoginRedirect } from "./api.js";
 import { showConnection } from "./format.js";
 
 const BACKOFF_MS = [500, 1000, 2000, 4000, 8000];
@@ -19,6 +20,9 @@ const streams = new Set();
 
 function stopAll(state) {
   for (const stream of streams) stream.stop(state);
+  // A read in flight as the session ends answers 401: the tab says "Logged
+  // out" and stays where it is rather than jump to the login page.
+  if (state === "logged_out") holdLoginRedirect();
 }
 
 if (session) session.onmessage = (message) => { if (message.data === "logout") stopAll("logged_out"); };

@@ -100,8 +100,9 @@ export class TimeAxis {
     const large = this.model.large || this.model.size >= LARGE_TRACE;
     this.minimap.hidden = !large;
     // Redrawn when the window moves at once; when spans change (live growth)
-    // at most once a second; never while only scrolling.
-    const content = `${this.model.version}|${this.model.marksVersion}|${this.model.running}`;
+    // at most once a second; never while only scrolling or opening rows (a
+    // search opening its hits' ancestors draws the same map).
+    const content = `${this.model.changes}|${this.model.marksVersion}|${this.model.running}`;
     const due = performance.now() - this.mapAt > 1000;
     if (large && (this.mapKey !== key || (this.mapContent !== content && due) || (this.model.running && due))) {
       this.mapAt = performance.now();

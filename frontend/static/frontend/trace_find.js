@@ -11,6 +11,13 @@ const FAILED = new Set(["error", "abandoned"]);
 // ancestors, redacted by the server, so a common word asked for its first
 // thousand hits took ~0.5 s; the count says how many there are in all.
 const SEARCH_PAGE = 200;
+// Of those, the first answer: what the screen shows at once (the first hits
+// and the ancestors to open) and the count; the rest are asked for once the
+// first hit is drawn.
+const SEARCH_FIRST = 10;
+// ...a moment later, unless the text has changed by then (a search per pause
+// while typing) or n/N asks for one of them sooner.
+const REST_AFTER_MS = 300;
 
 function valuesOf(value, out = []) {
   if (value && typeof value === "object") for (const v of Object.values(value)) valuesOf(v, out);
@@ -29,6 +36,25 @@ export function matchOf(s, needle) {
     if (hit !== undefined) return `${key} = ${hit.length > 60 ? `${hit.slice(0, 60)}…` : hit}`;
   }
   return null;
+}
+
+// What a search reads of a span (name, status message, attribute values),
+// lowercased once per version of the span: searching a trace the page holds
+// whole is then one includes() per span, not a walk of its attributes.
+const SEP = "\u0000";
+function haystack(node) {
+  if (node.hayOf !== node.s) {
+    const s = node.s;
+    node.hayOf = s;
+    node.hay = [s.name, s.status_message || "", ...valuesOf(s.attributes)].join(SEP).toLowerCase();
+  }
+  return node.hay;
+}
+
+// The same rule as matchOf, for a loaded node.
+function nodeMatches(node, needle) {
+  if (needle.includes(SEP)) return matchOf(node.s, needle) !== null;
+  return node.s.status === needle || haystack(node).includes(needle);
 }
 
 export class TraceFinder {
@@ -91,19 +117,21 @@ export class TraceFinder {
       return;
     }
     const began = performance.now();
+    this.rest = null;
     let ids;
     let count;
-    let truncated = false;
+    let sent = 0; // matches the first answer brought
+    let more = 0; // matches past them, still to ask for
     const work = (async () => {
       if (this.model.complete) {
         ids = [];
-        for (const node of this.model.nodes.values()) if (matchOf(node.s, needle)) ids.push(node.id);
+        for (const node of this.model.nodes.values()) if (nodeMatches(node, needle)) ids.push(node.id);
         ids = this.model.treeOrder(ids);
         count = ids.length;
       } else {
         this.say("Searching the whole trace…");
         let found;
-        try { found = await this.loader.search({ q: text.trim(), limit: SEARCH_PAGE }); } catch (error) {
+        try { found = await this.loader.search({ q: text.trim(), limit: SEARCH_FIRST }, { urgent: true }); } catch (error) {
           if (token === this.token) this.say(`Search failed: ${error.message}`);
           return false;
         }
@@ -111,43 +139,81 @@ export class TraceFinder {
         this.loader.adopt(found);
         ids = found.matches.map((m) => m.span_id).filter((id) => this.model.nodes.has(id));
         count = found.count;
-        truncated = found.truncated;
+        sent = found.matches.length;
+        if (found.truncated) more = Math.max(0, Math.min(count, SEARCH_PAGE) - found.matches.length);
       }
       return true;
     })();
     this.pending = work;
     if (!(await work) || token !== this.token) return;
     this.pending = null;
-    // Each hit's ancestors open (a parent whose list is not loaded shows the
-    // hits it holds, and loads the rest when that row comes into view).
-    const why = new Map();
-    for (const id of ids) {
-      why.set(id, matchOf(this.model.nodes.get(id).s, needle) || "match");
-      for (const node of this.model.pathTo(id).slice(0, -1)) node.expanded = true;
-    }
-    this.model.version += 1;
-    this.view.userChange = true;
-    this.results = ids;
+    this.results = [];
     this.index = -1;
-    this.view.hits = { ids: why, current: null, needle };
+    this.view.hits = { ids: new Map(), current: null, needle };
+    this.open(ids);
     window.cpSearchMs = performance.now() - began; // read by bench/bench_ui.py
     if (!ids.length) { this.say(`No span matches “${text.trim()}”`); this.view.schedule(); return; }
     this.total = count;
-    this.truncated = truncated;
+    // The hits this search will hold once the rest has come (n/N go round them).
+    this.expected = ids.length + more;
+    if (more) this.rest = this.askRest(token, text.trim(), sent, more);
     if (select) this.go(1, { focus: false });
     else { this.sayPosition(); this.view.schedule(); }
   }
 
+  // Hits join the results, marked, with their ancestors open (a parent whose
+  // list is not loaded shows the hits it holds, and loads the rest when that
+  // row comes into view).
+  open(ids) {
+    const { needle } = this.view.hits;
+    for (const id of ids) {
+      this.view.hits.ids.set(id, matchOf(this.model.nodes.get(id).s, needle) || "match");
+      for (const node of this.model.pathTo(id).slice(0, -1)) node.expanded = true;
+    }
+    this.results.push(...ids);
+    this.model.version += 1;
+    this.view.userChange = true;
+  }
+
+  // The matches after the first answer, up to SEARCH_PAGE in all.
+  async askRest(token, q, offset, limit) {
+    await new Promise((resolve) => {
+      this.restNow = resolve;
+      setTimeout(resolve, REST_AFTER_MS);
+    });
+    if (token !== this.token) return;
+    try {
+      const found = await this.loader.search({ q, offset, limit });
+      if (token !== this.token) return;
+      this.loader.adopt(found);
+      this.open(found.matches.map((m) => m.span_id).filter((id) => this.model.nodes.has(id)));
+    } catch { /* n/N go round the hits the first answer brought */ }
+    if (token !== this.token) return;
+    this.rest = null;
+    this.expected = this.results.length;
+    this.sayPosition();
+    this.view.schedule();
+  }
+
   sayPosition() {
-    const n = this.results.length;
-    const shown = this.truncated ? `${n} shown of ${this.total}` : `${n}`;
+    const n = this.expected;
+    const shown = this.total > n ? `${n} shown of ${this.total}` : `${n}`;
     this.say(this.index < 0 ? `${shown} match${n === 1 ? "" : "es"}` : `${this.index + 1} of ${shown} match${n === 1 ? "" : "es"}`);
   }
 
-  go(delta, { focus = true } = {}) {
-    const n = this.results.length;
-    if (!n) return;
-    this.index = this.index < 0 ? (delta > 0 ? 0 : n - 1) : (this.index + delta + n) % n;
+  async go(delta, { focus = true } = {}) {
+    const n = this.expected;
+    if (!this.results.length) return;
+    const index = this.index < 0 ? (delta > 0 ? 0 : n - 1) : (this.index + delta + n) % n;
+    if (index >= this.results.length) {
+      // A hit of the rest, still on its way (or lost: then round what came).
+      const token = this.token;
+      this.restNow?.();
+      await this.rest;
+      if (token === this.token) this.go(delta, { focus });
+      return;
+    }
+    this.index = index;
     const id = this.results[this.index];
     this.view.hits.current = id;
     this.reveal(id, { focus });

@@ -7,6 +7,13 @@ import { api, ApiError, rowsOf } from "./api.js";
 const EAGER_EVENTS = 1000; // a run with fewer events loads whole from its log
 const EVENT_PAGE = 1000; // the events endpoint's largest page
 const SPAN_PAGE = 500;
+// Pages of children loading at once. A search that opened 200 steps set the
+// ten in view loading together: they took the browser's six connections to the
+// server and its cores, and the next search waited ~400 ms behind them.
+const PAGE_LANES = 2;
+// ...and start this long after a search's answer: the person may be typing
+// the next (a search per pause), and what this one opened need not load yet.
+const SETTLE_MS = 250;
 
 // A span seen from its first event on: its children's events all come with or
 // after it, so its list of children is known (not loaded on demand).
@@ -19,6 +26,37 @@ export class TraceLoader {
   constructor({ runId, model, perf, hooks }) {
     Object.assign(this, { runId, model, perf, hooks });
     this.cursor = 0; // the last event seq the model holds
+    this.lanes = 0; // pages of children loading
+    this.waiting = []; // resolvers of pages waiting for a lane
+    this.urgent = null; // a search the person waits for: pages start after it
+    this.answeredAt = -Infinity; // when the last such search was answered
+  }
+
+  // Resolves once no search the person waits for is being asked, SETTLE_MS
+  // after the last one's answer.
+  async quiet() {
+    for (;;) {
+      if (this.urgent) { await this.urgent.catch(() => {}); continue; }
+      const wait = this.answeredAt + SETTLE_MS - performance.now();
+      if (wait <= 0) return;
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
+
+  // Runs `task` (a page of children) in a free lane, once no search is waiting.
+  async inLane(task) {
+    for (;;) {
+      await this.quiet();
+      if (this.lanes < PAGE_LANES) break;
+      await new Promise((resolve) => this.waiting.push(resolve));
+    }
+    this.lanes += 1;
+    try {
+      return await task();
+    } finally {
+      this.lanes -= 1;
+      this.waiting.shift()?.();
+    }
   }
 
   async fetchSpans(url) {
@@ -41,7 +79,7 @@ export class TraceLoader {
 
   async loadChildren(node) {
     try {
-      const { spans, next } = await this.fetchSpans(this.childrenUrl(node.id));
+      const { spans, next } = await this.inLane(() => this.fetchSpans(this.childrenUrl(node.id)));
       this.model.addPage(node.id, spans, next);
     } catch (error) {
       node.loading = false;
@@ -58,7 +96,7 @@ export class TraceLoader {
     if (!next || (parent ? parent.loading : model.rootLoading)) return;
     if (parent) parent.loading = true; else model.rootLoading = true;
     try {
-      const { spans, next: after } = await this.fetchSpans(next);
+      const { spans, next: after } = await this.inLane(() => this.fetchSpans(next));
       model.addPage(parent ? parent.id : "", spans, after);
       if (!parent) model.rootNext = after;
     } catch (error) {
@@ -83,14 +121,28 @@ export class TraceLoader {
     for (const span of spans) this.model.upsert(span, { authoritative: false });
   }
 
-  async search(params) {
+  // urgent: the person waits for this answer (pages of children wait for it).
+  async search(params, { urgent = false } = {}) {
     const query = new URLSearchParams(params);
-    return api(`/api/v1/runs/${this.runId}/spans/search/?${query}`);
+    const asked = api(`/api/v1/runs/${this.runId}/spans/search/?${query}`);
+    if (!urgent) return asked;
+    this.urgent = asked;
+    try {
+      return await asked;
+    } finally {
+      if (this.urgent === asked) this.urgent = null;
+      this.answeredAt = performance.now();
+    }
   }
 
   // The log's last seq without reading it all: gallop, then bisect.
   async lastSeq(known) {
-    const has = async (after) => rowsOf(await api(`/api/v1/runs/${this.runId}/events/?after_seq=${after}&limit=1`)).length > 0;
+    // Each probe after a search being asked: a dozen of them follow the page's
+    // first rows, when a person may already be searching.
+    const has = async (after) => {
+      await this.quiet();
+      return rowsOf(await api(`/api/v1/runs/${this.runId}/events/?after_seq=${after}&limit=1`)).length > 0;
+    };
     if (!(await has(known))) return known;
     let low = known; // invariant: an event after low exists, none after high
     let high = known * 4 + 1000;

@@ -10,6 +10,7 @@ export class TraceModel {
     this.roots = [];
     this.orphans = new Map(); // parent span_id -> [span_id] (parent not seen yet)
     this.version = 0; // bumped on structural change (rows must be re-flattened)
+    this.changes = 0; // bumped when a span arrives or changes (not on expand)
     this.t0 = null;
     this.t1 = null;
     this.running = 0;
@@ -28,6 +29,8 @@ export class TraceModel {
   upsert(span, { complete = false, authoritative = true } = {}) {
     let node = this.nodes.get(span.span_id);
     if (node) {
+      // A page of children says which spans are leaves (has_children).
+      if (node.children === null && span.has_children === false) node.children = [];
       if (!authoritative && node.fromEvent) return node;
       const wasRunning = node.s.status === "running";
       node.s = span;
@@ -35,10 +38,11 @@ export class TraceModel {
       if (wasRunning && span.status !== "running") this.running -= 1;
       this.stretch(span);
       if (FAILED.has(span.status)) this.markError(node.id);
-      this.version += 0; // same rows, new content
+      this.changes += 1; // same rows, new content
       return node;
     }
-    node = { id: span.span_id, s: span, children: complete ? [] : null, expanded: false,
+    const leaf = complete || span.has_children === false;
+    node = { id: span.span_id, s: span, children: leaf ? [] : null, expanded: false,
       loading: false, next: null, fromEvent: authoritative, parent: span.parent_span_id || "",
       early: [] };
     this.nodes.set(node.id, node);
@@ -53,6 +57,7 @@ export class TraceModel {
       for (const id of waiting) this.insertChild(node, this.nodes.get(id));
     }
     this.version += 1;
+    this.changes += 1;
     return node;
   }
 

@@ -66,7 +66,16 @@ export class TreeView {
     // As tall as the rows at once: a scroll to a row set before the next
     // frame (a deep link, a search hit) must not be clamped to the old height.
     this.spacer.style.height = `${this.rows.length * ROW_HEIGHT}px`;
-    if (activeId) this.active = this.rows.findIndex((r) => r.node && r.node.id === activeId);
+    if (activeId) {
+      const was = this.active;
+      this.active = this.rows.findIndex((r) => r.node && r.node.id === activeId);
+      // Rows that load above the selected one (the other spans of the steps a
+      // search opened) leave it where it is on screen, as a browser anchors
+      // scrolling: it had been centred, and they pushed it out of view.
+      const top = this.host.scrollTop;
+      const inView = was * ROW_HEIGHT >= top && (was + 1) * ROW_HEIGHT <= top + this.host.clientHeight;
+      if (this.active >= 0 && this.active !== was && inView) this.host.scrollTop = top + (this.active - was) * ROW_HEIGHT;
+    }
   }
 
   render() {

@@ -224,6 +224,7 @@ class AnthropicModel(RetryingAdapter):
     ) -> None:
         super().__init__(model=model, **settings)
         self.parallel_tool_calls = parallel_tool_calls
+        self.own_secret = api_key
         self._client = client or anthropic.Anthropic(
             api_key=api_key,
             base_url=base_url,

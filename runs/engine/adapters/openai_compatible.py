@@ -135,6 +135,7 @@ class OpenAIModel(RetryingAdapter):
         self.max_tokens_param = max_tokens_param
         self.parallel_tool_calls = parallel_tool_calls
         self.stream_usage = stream_usage
+        self.own_secret = api_key
         # max_retries=0: the SDK must not retry underneath the agent-level policy.
         self._client = client or openai.OpenAI(
             api_key=api_key,

@@ -82,6 +82,33 @@ class Failure:
     retry_after: float | None = None
 
 
+# A quoted run of the key this long is hidden (a gateway may echo a part of it).
+SECRET_RUN_CHARS = 8
+SECRET_HIDDEN = "[REDACTED]"
+
+
+def without_secret(text: str, secret: str) -> str:
+    """`text` with every run of at least SECRET_RUN_CHARS characters of `secret`
+    replaced: a provider's error message may quote the key it was sent (whole or
+    in part), and that message becomes the run's stop detail and the chat span's
+    status."""
+    if len(secret) < SECRET_RUN_CHARS or len(text) < SECRET_RUN_CHARS:
+        return text
+    n = SECRET_RUN_CHARS
+    pieces = {secret[i : i + n] for i in range(len(secret) - n + 1)}
+    hidden = [False] * len(text)
+    for start in range(len(text) - n + 1):
+        if text[start : start + n] in pieces:
+            hidden[start : start + n] = [True] * n
+    out: list[str] = []
+    for index, char in enumerate(text):
+        if not hidden[index]:
+            out.append(char)
+        elif index == 0 or not hidden[index - 1]:
+            out.append(SECRET_HIDDEN)
+    return "".join(out)
+
+
 class StreamInterrupted(Exception):
     """The stream ended (or broke) before the provider said it was finished."""
 
@@ -152,6 +179,8 @@ class RetryingAdapter:
         self._clock = clock
         self._rng = rng or random.Random()
         self.delays: list[float] = []  # every backoff slept, for the trace and tests
+        # The key this client sends: never repeated in an error it raises.
+        self.own_secret = ""
 
     @property
     def provider(self) -> str:
@@ -256,7 +285,7 @@ class RetryingAdapter:
                 # The next attempt would start too close to the deadline (or after).
                 out_of_time = deadline - self._clock() - delay < MIN_ATTEMPT_SECONDS
                 if not retry or out_of_time:
-                    message = failure.message
+                    message = without_secret(failure.message, self.own_secret)
                     if retry and "deadline" not in message:
                         message += (
                             " (no time left for a retry within the call's "

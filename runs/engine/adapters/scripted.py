@@ -5,8 +5,20 @@ A script entry is a `ModelReply` or a plain dict:
 "text": ..., "finish_reason": ..., "usage": {...}}`, optionally with
 `"on_error": {"<call id>": <entry>}`: the reply given instead when that call's
 observation was an error (a denied approval, a failed tool), so a script can
-answer truthfully on either path. `from_recorded` replays the replies of a
-recorded run (`ModelReply.to_dict()` rows).
+answer truthfully on either path. An `on_error` reply may carry
+`"if_message": {"<words>": <entry>}`: the first entry whose words appear in the
+failed call's error message (ignoring case) is given instead, so a script can
+answer a reviewer's reason ("ask the customer for a photo first").
+`from_recorded` replays the replies of a recorded run (`ModelReply.to_dict()`
+rows).
+
+An entry `{"error": {"kind": ..., "message": ...}}` fails that call with a
+`ModelError` (e.g. `context_overflow`, as a provider reports a prompt longer
+than the window). A request to summarise the conversation (a compaction,
+runs.engine.session) is answered without using up a reply: by the current
+entry's `on_compaction` (a reply, or an `error`) if it has one, else by a
+summary that lists the request's identifiers and its last line, as a model
+asked to keep ids and open items would.
 """
 
 from __future__ import annotations
@@ -19,11 +31,14 @@ from typing import Any
 
 from runs.engine.actions import ModelReply, ToolCall, Usage
 from runs.engine.adapters import DeltaSink, ModelError
+from runs.engine.session import SUMMARY_INSTRUCTIONS
 
 ScriptEntry = ModelReply | Mapping[str, Any]
 # `{{call_id.field}}` in a scripted text is filled from that call's observed data,
 # so a script can answer with values only the tools know (a date, an id).
 _PLACEHOLDER = re.compile(r"\{\{([A-Za-z0-9_.-]+)\.([A-Za-z0-9_]+)\}\}")
+# What the default summary keeps: call ids and numbers of four digits or more.
+_IDENTIFIER = re.compile(r"\bcall_[A-Za-z0-9_]+|\b\d{4,}\b")
 
 
 def _observations(messages: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -53,6 +68,8 @@ def fill_placeholders(text: str, messages: Sequence[Mapping[str, Any]]) -> str:
     def value(match: re.Match[str]) -> str:
         data = observed.get(match.group(1), {})
         found = data.get(match.group(2))
+        if isinstance(found, list) and all(isinstance(v, str) for v in found):
+            return "; ".join(found)  # a memory file's entries read as a sentence
         return match.group(0) if found is None else str(found)
 
     return _PLACEHOLDER.sub(value, text)
@@ -66,8 +83,20 @@ def branch_of(entry: ScriptEntry, messages: Sequence[Mapping[str, Any]]) -> Scri
     for call_id, alternative in entry["on_error"].items():
         body = observed.get(str(call_id))
         if body is not None and body.get("ok") is False:
-            return branch_of(alternative, messages)
+            return branch_of(_by_message(alternative, body), messages)
     return entry
+
+
+def _by_message(alternative: ScriptEntry, body: Mapping[str, Any]) -> ScriptEntry:
+    if isinstance(alternative, ModelReply) or not alternative.get("if_message"):
+        return alternative
+    error = body.get("error")
+    message = str(error.get("message", "")) if isinstance(error, dict) else ""
+    for words, chosen in alternative["if_message"].items():
+        if str(words).lower() in message.lower():
+            picked: ScriptEntry = chosen
+            return picked
+    return alternative
 
 
 def script_entry_problems(entry: Any, where: str) -> list[str]:
@@ -105,18 +134,37 @@ def script_entry_problems(entry: Any, where: str) -> list[str]:
         problems.append(
             f"{where}.usage must be {{input_tokens, output_tokens}} as counts"
         )
+    error = entry.get("error")
+    if error is not None and (
+        not isinstance(error, Mapping) or not isinstance(error.get("kind"), str)
+    ):
+        problems.append(f"{where}.error must be {{kind, message}}")
+    compaction = entry.get("on_compaction")
+    if compaction is not None:
+        problems += script_entry_problems(compaction, f"{where}.on_compaction")
     branches = entry.get("on_error")
     if branches is not None and not isinstance(branches, Mapping):
         problems.append(f"{where}.on_error must map a call id to a reply")
     for call_id, branch in (branches if isinstance(branches, Mapping) else {}).items():
         problems += script_entry_problems(branch, f"{where}.on_error[{call_id}]")
+    by_message = entry.get("if_message")
+    if by_message is not None and not isinstance(by_message, Mapping):
+        problems.append(f"{where}.if_message must map words to a reply")
+    for words, chosen in (
+        by_message if isinstance(by_message, Mapping) else {}
+    ).items():
+        problems += script_entry_problems(chosen, f"{where}.if_message[{words}]")
     return problems
 
 
 def reply_from_entry(entry: ScriptEntry, index: int, model: str) -> ModelReply:
-    """Turn one script entry into a reply; call ids default to `call_<n>_<i>`."""
+    """Turn one script entry into a reply; call ids default to `call_<n>_<i>`.
+    Raises the entry's `error`, if it has one."""
     if isinstance(entry, ModelReply):
         return entry
+    error = entry.get("error")
+    if error is not None:
+        raise ModelError(str(error["kind"]), str(error.get("message") or error["kind"]))
     calls: list[ToolCall] = []
     for position, spec in enumerate(entry.get("tool_calls") or ()):
         arguments = spec.get("arguments", {})
@@ -147,6 +195,28 @@ class ScriptedModel:
         self._model = model
         self.calls = 0
         self.max_output_tokens_seen: list[int] = []
+
+    def _summarise(self, messages: Sequence[Mapping[str, Any]]) -> ModelReply:
+        """A compaction's summary; the script's position does not move."""
+        current = self._script[self.calls] if self.calls < len(self._script) else None
+        if isinstance(current, Mapping) and current.get("on_compaction"):
+            return reply_from_entry(current["on_compaction"], self.calls, self._model)
+        text = str(messages[-1].get("content") or "")
+        ids = list(dict.fromkeys(_IDENTIFIER.findall(text)))
+        last = text.strip().splitlines()[-1] if text.strip() else ""
+        summary = f"Identifiers: {', '.join(ids) or 'none'}. Last: {last[:300]}"
+        return ModelReply(
+            tool_calls=(),
+            text=summary,
+            finish_reason="stop",
+            usage=Usage(
+                input_tokens=len(text) // 4 + 1, output_tokens=len(summary) // 4 + 1
+            ),
+            model=self._model,
+            provider="scripted",
+            provider_request_id=f"scripted-summary-{self.calls}",
+            response_id=f"scripted-summary-{self.calls}",
+        )
 
     @classmethod
     def from_recorded(
@@ -182,14 +252,17 @@ class ScriptedModel:
     ) -> ModelReply:
         # A script's reply is whole at once: nothing streams.
         self.max_output_tokens_seen.append(max_output_tokens)
+        if messages and messages[0].get("content") == SUMMARY_INSTRUCTIONS:
+            return self._summarise(messages)
         if self.calls >= len(self._script):
             raise ModelError(
                 "script_exhausted",
                 f"the scripted model has no reply left after {len(self._script)}",
             )
-        entry = branch_of(self._script[self.calls], messages)
-        reply = reply_from_entry(entry, self.calls, self._model)
-        self.calls += 1
+        index = self.calls
+        self.calls += 1  # an `error` entry is used up too: a retry gets the next
+        entry = branch_of(self._script[index], messages)
+        reply = reply_from_entry(entry, index, self._model)
         if reply.text and "{{" in reply.text:
             reply = replace(reply, text=fill_placeholders(reply.text, messages))
         return reply

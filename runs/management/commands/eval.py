@@ -85,7 +85,7 @@ class Command(BaseCommand):
             raise CommandError(str(refused)) from None
         self.stdout.write(
             f"eval run {eval_run.id}: suite {suite.slug}, agent {slug} "
-            f"v{eval_run.agent_version.number}, k={eval_run.k}"
+            f"v{eval_run.version_number}, k={eval_run.k}"
         )
         finished = self._follow(eval_run, options["timeout"])
         summary = eval_run_suite_summary(finished)

@@ -25,5 +25,8 @@ class Command(BaseCommand):
         for line in report.lines:
             self.stdout.write(line)
         if not report.matches:
-            raise CommandError("the replay does not match the recorded run")
+            raise CommandError(
+                "the replay does not match the recorded run; its diff: "
+                f"/runs/{run.id}/replay/ (API: /api/v1/runs/{run.id}/replay-diff/)"
+            )
         self.stdout.write(self.style.SUCCESS("the replay matches the record"))

@@ -208,6 +208,114 @@ class ControlPlaneClient:
             )
         )
 
+    # ------------------------------------------------------------ runs
+
+    def start_run(
+        self,
+        *,
+        agent: str,
+        input: str,
+        end_user: str | None = None,
+        limits: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Start a run of one of the tenant's agents. `end_user`: who the run
+        serves (its memory and the per-end-user budget limits)."""
+        body: dict[str, Any] = {"agent": agent, "input": input}
+        if end_user is not None:
+            body["end_user"] = end_user
+        if limits is not None:
+            body["limits"] = dict(limits)
+        result: dict[str, Any] = self._request("POST", "/api/v1/runs/", json=body)
+        return result
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/api/v1/runs/{run_id}/")
+        return result
+
+    def end_user_memory(self, end_user: str) -> dict[str, Any]:
+        """What the `memory` tool keeps about an end user."""
+        result: dict[str, Any] = self._request(
+            "GET", f"/api/v1/end-users/{end_user}/memory/"
+        )
+        return result
+
+    def delete_end_user_memory(self, end_user: str) -> dict[str, Any]:
+        """Delete everything the `memory` tool keeps about an end user (admins)."""
+        result: dict[str, Any] = self._request(
+            "DELETE", f"/api/v1/end-users/{end_user}/memory/"
+        )
+        return result
+
+    # ------------------------------------------------------------ evals
+
+    def start_eval_run(
+        self,
+        *,
+        suite: str,
+        external_agent: str,
+        k: int,
+        gate: str | None = None,
+        baseline: str | None = None,
+    ) -> dict[str, Any]:
+        """Start an eval run of `suite` for this external agent: k pending trials
+        per case (`cases[].trials[].id`, with each case's `input`) to run and
+        report. `gate` and `baseline` are checked before anything is written."""
+        body: dict[str, Any] = {"suite": suite, "external_agent": external_agent}
+        body["k"] = k
+        if gate is not None:
+            body["gate"] = gate
+        if baseline is not None:
+            body["baseline"] = baseline
+        result: dict[str, Any] = self._request("POST", "/api/v1/evals/runs/", json=body)
+        return result
+
+    def get_eval_run(self, eval_run_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request(
+            "GET", f"/api/v1/evals/runs/{eval_run_id}/"
+        )
+        return result
+
+    def report_trial(
+        self,
+        eval_run_id: str,
+        trial_id: str,
+        *,
+        trace_id: str | None = None,
+        final_answer: str | None = None,
+        error: str | None = None,
+    ) -> dict[str, Any]:
+        """Report a trial the agent ran under `trace_id` (or `error`: why it
+        produced no trace); the answer is the graded trial. A 409 `trace_not_found`
+        means the agent's spans have not arrived yet."""
+        body: dict[str, Any] = {}
+        if trace_id is not None:
+            body["trace_id"] = trace_id
+        if final_answer is not None:
+            body["final_answer"] = final_answer
+        if error is not None:
+            body["error"] = error
+        result: dict[str, Any] = self._request(
+            "POST",
+            f"/api/v1/evals/runs/{eval_run_id}/trials/{trial_id}/result/",
+            json=body,
+        )
+        return result
+
+    def eval_verdict(
+        self, eval_run_id: str, *, gate: str | None = None, baseline: str | None = None
+    ) -> dict[str, Any]:
+        """The server's CI verdict of a finished eval run: `lines` (one per case
+        and the suite's figures), `gate`, `regression`, `junit` and `passed`."""
+        params = {
+            name: value
+            for name, value in (("gate", gate), ("baseline", baseline))
+            if value is not None
+        }
+        result: dict[str, Any] = self._request(
+            "GET", f"/api/v1/evals/runs/{eval_run_id}/verdict/", params=params or None
+        )
+        return result
+
 
 def _id_of(reservation: Reservation | str) -> str:
     return reservation.id if isinstance(reservation, Reservation) else reservation
