@@ -228,3 +228,31 @@ def test_budget_page_shows_burn_down_reservations_and_extensions(
     expect(denied).to_contain_text("extend tenant_cost_per_day by $2.50")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "budget-activity.png"), full_page=True)
+
+
+def test_a_refresh_keeps_the_links_a_person_may_be_clicking(
+    tenant: Any, operator_user: Any, open_page: Any
+) -> None:
+    """A refresh (the 30 s timer, a stream event, the range buttons) used to
+    replace every tile and list item: a click whose press landed before it and
+    whose release after it fell on a removed link and went nowhere."""
+    seed_history(tenant, operator_user, with_budget=True)
+    page = open_page(operator_user, "/overview/")
+    beta = page.get_by_test_id("agents-by-failures").get_by_role(
+        "link", name=re.compile("^beta")
+    )
+    expect(beta).to_have_text("beta: 2 failed of 3")
+    page.evaluate(
+        """() => {
+          window.kept = [...document.querySelectorAll('#tiles a, #top-agents a, #top-tools a')];
+          window.rendersBefore = window.cpOverview.renders;
+        }"""
+    )
+    page.get_by_role("button", name="Last 24 hours").click()
+    page.wait_for_function("window.cpOverview.renders > window.rendersBefore")
+    assert page.evaluate("window.kept.length") == 6 + 2 + 2 + 2 + 1
+    assert page.evaluate("window.kept.filter((a) => !a.isConnected).length") == 0
+    expect(beta).to_have_text("beta: 2 failed of 3")
+    beta.click()
+    page.wait_for_url(re.compile(r"/runs/\?"))
+    assert _query(page.url)["agent"] == "beta"

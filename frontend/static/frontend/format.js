@@ -108,6 +108,26 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// Brings `node`'s children in line with `children` in place: a node of the
+// same kind at the same position is kept, its attributes and content patched.
+// A refresh that swapped the link under the pointer would swallow a click
+// pressed before it and released after. Listeners on `children` are not kept.
+export function patchChildren(node, ...children) {
+  const next = children.filter((c) => c != null).map((c) => (typeof c === "string" ? document.createTextNode(c) : c));
+  next.forEach((child, i) => {
+    const old = node.childNodes[i];
+    if (!old) node.append(child);
+    else if (old.nodeName !== child.nodeName) old.replaceWith(child);
+    else if (old.nodeType === Node.TEXT_NODE) { if (old.data !== child.data) old.data = child.data; }
+    else {
+      for (const { name } of [...old.attributes]) if (!child.hasAttribute(name)) old.removeAttribute(name);
+      for (const { name, value } of child.attributes) if (old.getAttribute(name) !== value) old.setAttribute(name, value);
+      patchChildren(old, ...child.childNodes);
+    }
+  });
+  while (node.childNodes.length > next.length) node.lastChild.remove();
+}
+
 export function pretty(value) {
   if (typeof value === "string") {
     try { return JSON.stringify(JSON.parse(value), null, 2); } catch { return value; }

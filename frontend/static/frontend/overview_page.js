@@ -7,7 +7,7 @@
 // refetch the figures, throttled; charts redraw in place.
 
 import { api } from "./api.js";
-import { duration, el, money, statusParts } from "./format.js";
+import { duration, el, money, patchChildren, statusParts } from "./format.js";
 import { Stream, throttle } from "./stream.js";
 import { STATUS_COLOURS, timeChart } from "./charts.js";
 import { burnChart } from "./burn.js";
@@ -44,7 +44,7 @@ function renderTiles() {
   const r = data.runs;
   const a = data.approvals;
   const failed = r.totals.failed || 0;
-  document.getElementById("tiles").replaceChildren(
+  patchChildren(document.getElementById("tiles"),
     tile("runs", r.total.toLocaleString(), runsLink(periodOf()), "tile-runs"),
     tile("failed", failed.toLocaleString(), runsLink({ status: "failed", ...periodOf() }), "tile-failed"),
     tile("p50 duration", ms(data.duration.p50_ms), runsLink({ ...periodOf(), sort: "-duration" }), "tile-p50"),
@@ -116,7 +116,7 @@ function updateCharts() {
 
 function renderApprovals() {
   const a = data.approvals;
-  document.getElementById("approvals-figures").replaceChildren(
+  patchChildren(document.getElementById("approvals-figures"),
     el("p", {}, el("a", { href: runsLink({ waiting: "approval" }), text: `${a.waiting} waiting` }),
       a.oldest_waiting_since ? ` (oldest since ${new Date(a.oldest_waiting_since).toLocaleString()})` : "",
       ` · ${a.decided} decided in the period, median ${ms(a.median_decision_ms)} to a decision`));
@@ -132,10 +132,10 @@ function topList(title, rows, text, href, testid) {
 function renderTops() {
   const p = periodOf();
   const { agents, tools } = data;
-  document.getElementById("top-agents").replaceChildren(
+  patchChildren(document.getElementById("top-agents"),
     topList("By cost", agents.by_cost, (r) => `${r.agent}: ${money(r.cost)} (${r.runs} runs)`, (r) => runsLink({ agent: r.agent, ...p, sort: "-cost" }), "agents-by-cost"),
     topList("By failures", agents.by_failures, (r) => `${r.agent}: ${r.failed} failed of ${r.runs}`, (r) => runsLink({ status: "failed", agent: r.agent, ...p }), "agents-by-failures"));
-  document.getElementById("top-tools").replaceChildren(
+  patchChildren(document.getElementById("top-tools"),
     topList("By cost (settled in the ledger)", tools.by_cost, (r) => `${r.tool}: ${money(r.cost)} (${r.calls} calls)`, (r) => runsLink({ tool: r.tool, ...p, sort: "-cost" }), "tools-by-cost"),
     topList("By failures", tools.by_failures, (r) => `${r.tool}: ${r.failed} failed of ${r.calls} calls`, (r) => runsLink({ tool: r.tool, has_error: "1", ...p }), "tools-by-failures"));
 }
