@@ -244,7 +244,8 @@ def test_a_refresh_keeps_the_links_a_person_may_be_clicking(
     expect(beta).to_have_text("beta: 2 failed of 3")
     page.evaluate(
         """() => {
-          window.kept = [...document.querySelectorAll('#tiles a, #top-agents a, #top-tools a')];
+          const links = '#tiles a, #top-agents a, #top-tools a';
+          window.kept = [...document.querySelectorAll(links)];
           window.rendersBefore = window.cpOverview.renders;
         }"""
     )
