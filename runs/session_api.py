@@ -26,6 +26,8 @@ ENTRY_ID = serializers.RegexField(r"^[0-9a-f]{8}$", required=False)
 
 class SessionEntrySerializer(serializers.Serializer[Any]):
     seq = serializers.IntegerField()
+    # The run (branch) that wrote it: a branched session's tree spans runs.
+    run = serializers.UUIDField(source="run_id")
     id = serializers.CharField(source="entry_id")
     parentId = serializers.SerializerMethodField()  # noqa: N815 - the spec's name
     type = serializers.CharField()
