@@ -13,11 +13,15 @@ from typing import Any
 
 import pytest
 
+from approvals.models import ApprovalRequest
+from runs.branch_selectors import run_branches_for
 from runs.engine.loop import EngineState
 from runs.engine.session import SessionEntry as Entry
 from runs.engine.session import build_context
 from runs.models import Run, SessionBranch, SessionEntry, ToolCall
-from runs.services import run_start
+from runs.services import run_cancel, run_start
+from runs.services.branches import run_fork, run_retry
+from runs.services.decide import approval_decide
 from shop.models import Replacement
 from tests.conftest import wait_for
 from tracing.models import Span
@@ -316,3 +320,81 @@ def test_refused_retries_and_forks_write_nothing(
     )
     assert after == counts
     assert not SessionBranch.objects.exists()
+
+
+REPLACE_AGAIN = {
+    "text": "Shipping a replacement after all.",
+    "tool_calls": [
+        {
+            "id": "call_replace",
+            "name": "create_replacement",
+            "arguments": {"order_id": "4821", "reason": "it arrived damaged"},
+        }
+    ],
+}
+
+
+def test_a_cancelled_wait_is_retried_from_before_the_call_that_never_ran(
+    shop, scripted_agent, operator_user, drive_run
+):
+    """The call that waited for approval was cancelled with the run: it never
+    ran, so its round stays on the original and the retry asks the model
+    again; a fork of the retry is a third branch of the same tree."""
+    agent = scripted_agent(
+        [LOOKUP, REPLACE, REPLACE_AGAIN, SHIPPED],
+        ["lookup_order", "create_replacement"],
+        evaluator="kettlecraft_replacement",
+    )
+    original = drive_run(
+        run_start(
+            tenant=shop,
+            agent_slug=agent.slug,
+            input="order 4821 broke",
+            started_by=operator_user,
+        )  # fmt: skip
+    )
+    assert original.status == "waiting_approval"
+    original = run_cancel(run=original, actor=operator_user)
+    assert original.status == "cancelled"
+    assert ToolCall.objects.get(
+        run=original, tool_name="create_replacement"
+    ).status == ("cancelled")
+    lookup_result = next(
+        e for e in entries_of(original)
+        if e[3] == "message" and e[4]["message"].get("tool_call_id") == "call_lookup"
+    )  # fmt: skip
+
+    retry = run_retry(run=original, actor=operator_user)
+    marker = SessionEntry.objects.filter(run=retry).order_by("seq").first()
+    assert marker is not None and marker.parent_id == lookup_result[1]
+    assert retry.engine_state["messages"][-1]["tool_call_id"] == "call_lookup"
+    retry = drive_run(retry)  # the model proposes it again: a new approval
+    assert retry.status == "waiting_approval"
+    approval_decide(
+        request=ApprovalRequest.objects.get(run=retry), decided_by=operator_user,
+        approve=True,
+    )  # fmt: skip
+    retry = drive_run(retry)
+    assert retry.status == "succeeded", retry.stop_detail
+    assert Replacement.objects.count() == 1
+    assert ToolCall.objects.filter(run=original, tool_name="lookup_order").count() == 1
+    assert not ToolCall.objects.filter(run=retry, tool_name="lookup_order").exists()
+
+    fork = run_fork(
+        run=retry,
+        actor=operator_user,
+        from_entry=lookup_result[1],
+        tool_result={"ok": True, "data": {"customer": "Grace Hopper"}},
+    )
+    assert SessionBranch.objects.get(run=fork).session_root_id == original.id
+    assert SessionBranch.objects.get(run=fork).number == 2
+    assert fork.engine_state["messages"][-1]["content"] == json.dumps(
+        {"ok": True, "data": {"customer": "Grace Hopper"}}
+    )
+    ids = list(SessionEntry.objects.values_list("entry_id", flat=True))
+    assert len(ids) == len(set(ids))  # one id, one entry, in the whole tree
+    assert [b["kind"] for b in run_branches_for(tenant=shop, run_id=fork.id)] == [
+        "root",
+        "retry",
+        "fork",
+    ]
