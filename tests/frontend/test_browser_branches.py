@@ -16,6 +16,7 @@ from runs.models import Run, SessionBranch, ToolCall
 from runs.services import run_start
 from shop.models import Replacement
 from tests.agents import make_agent
+from tests.frontend.test_accessibility import axe_violations
 from tests.frontend.test_browser import shop
 from tests.runs.test_branches import PROVIDER_DOWN, REPLACE, SHIPPED
 
@@ -77,6 +78,7 @@ def test_retry_a_failed_run_then_switch_back_to_the_original(
     expect(branches.nth(1)).to_contain_text("Retry #1")
     expect(branches.nth(1)).to_contain_text("succeeded")
     expect(branches.nth(1)).to_have_attribute("aria-current", "page")
+    assert axe_violations(page) == []
     # The tool ran once, on the original: the retry kept its result.
     assert Replacement.objects.count() == 1
     assert ToolCall.objects.filter(run=retry).count() == 0
