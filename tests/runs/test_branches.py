@@ -22,6 +22,7 @@ from runs.models import Run, SessionBranch, SessionEntry, ToolCall
 from runs.services import run_cancel, run_start
 from runs.services.branches import run_fork, run_retry
 from runs.services.decide import approval_decide
+from runs.services.retention import run_delete
 from shop.models import Replacement
 from tests.conftest import wait_for
 from tracing.models import Span
@@ -398,3 +399,33 @@ def test_a_cancelled_wait_is_retried_from_before_the_call_that_never_ran(
         "retry",
         "fork",
     ]
+
+
+def test_deleting_the_run_a_branch_came_from_leaves_the_branch_its_run(
+    shop, scripted_agent, operator_user, admin_user, api_client_for, drive_run
+):
+    agent = scripted_agent([LOOKUP, GREET], ["lookup_order"])
+    original = drive_run(
+        run_start(
+            tenant=shop,
+            agent_slug=agent.slug,
+            input="whose is 4821?",
+            started_by=operator_user,
+        )  # fmt: skip
+    )
+    fork = drive_run(run_fork(run=original, actor=operator_user, from_step=0))
+    assert fork.final_answer == f"The order is {CUSTOMER}'s."
+    run_delete(run=original, actor=admin_user)
+    assert not Run.objects.filter(id=original.id).exists()
+    assert not SessionBranch.objects.exists()
+    client = api_client_for(operator_user, shop)
+    session = client.get(f"/api/v1/runs/{fork.id}/session/")
+    assert session.status_code == 409
+    assert "cannot be rebuilt" in session.json()["error"]["message"]
+    branches = client.get(f"/api/v1/runs/{fork.id}/branches/").json()
+    assert [(b["kind"], b["run"]) for b in branches] == [("root", str(fork.id))]
+    refused = client.post(
+        f"/api/v1/runs/{fork.id}/fork/", {"from_step": 0}, format="json"
+    )
+    assert refused.status_code == 409
+    assert Run.objects.count() == 1
