@@ -197,7 +197,9 @@ def run_fork(
 
 
 def _locked(run: Run) -> Run:
-    return Run.objects.select_for_update().select_related("agent").get(id=run.id)
+    # The run's row only: the agent's is read, not locked.
+    locked = Run.objects.select_for_update(of=("self",)).select_related("agent")
+    return locked.get(id=run.id)
 
 
 def _runnable(source: Run) -> None:

@@ -429,3 +429,36 @@ def test_deleting_the_run_a_branch_came_from_leaves_the_branch_its_run(
     )
     assert refused.status_code == 409
     assert Run.objects.count() == 1
+
+
+def test_a_fork_with_an_edited_final_answer_ends_with_it_without_a_model_call(
+    shop, scripted_agent, operator_user, api_client_for, drive_run
+):
+    agent = scripted_agent([LOOKUP, GREET], ["lookup_order"])
+    original = drive_run(
+        run_start(
+            tenant=shop,
+            agent_slug=agent.slug,
+            input="whose is 4821?",
+            started_by=operator_user,
+        )  # fmt: skip
+    )
+    client = api_client_for(operator_user, shop)
+    response = client.post(
+        f"/api/v1/runs/{original.id}/fork/",
+        {"from_step": 1, "message": "It is Ada's order."},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    fork = drive_run(Run.objects.get(id=response.json()["id"]))
+    assert (fork.status, fork.final_answer) == ("unverified", "It is Ada's order.")
+    assert fork.steps == 0 and not ToolCall.objects.filter(run=fork).exists()
+    assert original.final_answer == f"The order is {CUSTOMER}'s."
+    # The step that called a tool is not edited as a message.
+    refused = client.post(
+        f"/api/v1/runs/{original.id}/fork/",
+        {"from_step": 0, "message": "Never mind."},
+        format="json",
+    )
+    assert refused.status_code == 400
+    assert "message" in refused.json()["error"]["fields"]
