@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 
 from controlplane.models import Tenant
+from runs.branch_models import SessionBranch
 from runs.engine.stop import TERMINAL_STATUSES
 from runs.eval_models import EvalCase, EvalRun, EvalSuite, EvalTrial
 from runs.memory_models import MemoryFile
@@ -31,6 +32,7 @@ __all__ = [
     "RunDurationRollup",
     "RunHourRollup",
     "RunReview",
+    "SessionBranch",
     "SessionEntry",
     "Step",
     "ToolCall",

@@ -32,6 +32,7 @@ from budgets.periods import bucket_start
 from budgets.selectors import budget_of
 from budgets.services import budget_usage
 from controlplane.models import Tenant
+from runs.branch_selectors import session_run_ids
 from runs.models import (
     Agent,
     AgentVersion,
@@ -406,7 +407,8 @@ class RunSession:
 
 def run_session_for(*, tenant: Tenant, run_id: str | uuid.UUID) -> RunSession | None:
     """The run's session log (entries in order) and its current leaf, or None
-    (absent or another tenant's run)."""
+    (absent or another tenant's run). A branched run's log is the session's
+    whole tree: every branch's entries (runs.services.branches)."""
     try:
         key = uuid.UUID(str(run_id))
     except ValueError:
@@ -418,5 +420,6 @@ def run_session_for(*, tenant: Tenant, run_id: str | uuid.UUID) -> RunSession | 
     )
     if row is None:
         return None
-    entries = SessionEntry.objects.filter(run_id=key).order_by("seq")
+    runs = session_run_ids(run_id=key)
+    entries = SessionEntry.objects.filter(run_id__in=runs).order_by("seq")
     return RunSession(key, row[1], entries)

@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,14 +18,22 @@ from controlplane.redaction import RedactedJSONField
 from controlplane.tenancy import tenant_of
 from runs import selectors
 from runs.engine.session import SessionEntry as Entry
-from runs.engine.session import build_context
+from runs.engine.session import SessionLogError, build_context
 from runs.models import SessionEntry
+
+
+class Conflict(APIException):
+    status_code = 409
+    default_code = "conflict"
+
 
 ENTRY_ID = serializers.RegexField(r"^[0-9a-f]{8}$", required=False)
 
 
 class SessionEntrySerializer(serializers.Serializer[Any]):
     seq = serializers.IntegerField()
+    # The run (branch) that wrote it: a branched session's tree spans runs.
+    run = serializers.UUIDField(source="run_id")
     id = serializers.CharField(source="entry_id")
     parentId = serializers.SerializerMethodField()  # noqa: N815 - the spec's name
     type = serializers.CharField()
@@ -81,11 +89,17 @@ class RunSessionApi(APIView):
         leaf = query.validated_data.get("leaf", session.leaf)
         if leaf is not None and leaf not in entries:
             raise ValidationError({"leaf": [f"no entry {leaf} in this run's log"]})
+        try:
+            messages = build_context(entries, leaf) if leaf else []
+        except SessionLogError as exc:
+            # A branch whose source run was deleted (by hand or by retention)
+            # lost the start of its path; its own entries are still listed.
+            raise Conflict(f"the log cannot be rebuilt: {exc}") from exc
         body = {
             "run": session.run_id,
             "leaf": session.leaf,
             "context_leaf": leaf,
             "entries": rows,
-            "messages": build_context(entries, leaf) if leaf else [],
+            "messages": messages,
         }
         return Response(RunSessionSerializer(body).data)

@@ -4,6 +4,7 @@ from runs import (
     agents_api,
     api,
     approvals_api,
+    branches_api,
     budget_api,
     data_api,
     demo_scripts_api,
@@ -145,6 +146,21 @@ urlpatterns = [
     ),
     path(
         "runs/<str:run_id>/cancel/", api.RunCancelApi.as_view(), name="api-run-cancel"
+    ),
+    path(
+        "runs/<str:run_id>/retry/",
+        branches_api.RunRetryApi.as_view(),
+        name="api-run-retry",
+    ),
+    path(
+        "runs/<str:run_id>/fork/",
+        branches_api.RunForkApi.as_view(),
+        name="api-run-fork",
+    ),
+    path(
+        "runs/<str:run_id>/branches/",
+        branches_api.RunBranchesApi.as_view(),
+        name="api-run-branches",
     ),
     path(
         "runs/<str:run_id>/session/",

@@ -106,6 +106,9 @@ class EngineState:
     # and were retried after one (a scripted model's script used a reply).
     compactions: int = 0
     overflow_retries: int = 0
+    # Model replies used before this run by the runs it branches from (a retry
+    # or fork, runs.engine.branching): a scripted model goes on from there.
+    replies_before: int = 0
 
     @classmethod
     def start(cls, config: AgentConfig, user_input: str) -> EngineState:
@@ -140,6 +143,8 @@ class EngineState:
             data["compactions"] = self.compactions
         if self.overflow_retries:
             data["overflow_retries"] = self.overflow_retries
+        if self.replies_before:
+            data["replies_before"] = self.replies_before
         return data
 
     def to_json(self, data: Mapping[str, Any] | None = None) -> str:
@@ -170,6 +175,7 @@ class EngineState:
             session=SessionCursor.from_dict(data.get("session")),
             compactions=int(data.get("compactions", 0)),
             overflow_retries=int(data.get("overflow_retries", 0)),
+            replies_before=int(data.get("replies_before", 0)),
         )
 
 

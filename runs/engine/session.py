@@ -136,6 +136,15 @@ def build_context(
     leaf_id: str | None,
 ) -> list[dict[str, Any]]:
     """The model's messages for the branch ending at `leaf_id` (spec §1.2)."""
+    return [message for _, message in context_entries(entries, leaf_id)]
+
+
+def context_entries(
+    entries: Mapping[str, SessionEntry] | Iterable[SessionEntry],
+    leaf_id: str | None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """`build_context`'s messages, each with the id of the entry it comes from
+    (a branch's log cursor needs them: a later edit targets that entry)."""
     by_id = (
         entries
         if isinstance(entries, Mapping)
@@ -170,13 +179,13 @@ def build_context(
             )
         ]
         chosen = [compaction, *kept, *path[latest + 1 :]]
-    messages: list[dict[str, Any]] = []
+    messages: list[tuple[str, dict[str, Any]]] = []
     for entry in chosen:
         produced = _message_of(entry, edits)
         if isinstance(produced, list):
-            messages.extend(produced)
+            messages.extend((entry.entry_id, message) for message in produced)
         elif produced is not None:
-            messages.append(produced)
+            messages.append((entry.entry_id, produced))
     return messages
 
 

@@ -271,7 +271,7 @@ def run_advance(
         state=state,
         build_runtime=lambda: runtime_for(
             run,
-            replies_consumed=run.steps + state.overflow_retries,
+            replies_consumed=run.steps + state.overflow_retries + state.replies_before,
             budget=lease.budget,
             price=lease.price,
         ),
