@@ -15,6 +15,7 @@ from runs.memory_models import MemoryFile
 from runs.review_models import RunReview
 from runs.rollup_models import RunDurationRollup, RunHourRollup, ToolHourRollup
 from runs.session_models import SessionEntry
+from runs.steering_models import RunMessage
 
 __all__ = [
     "Agent",
@@ -30,6 +31,7 @@ __all__ = [
     "Run",
     "RunDurationRollup",
     "RunHourRollup",
+    "RunMessage",
     "RunReview",
     "SessionEntry",
     "Step",

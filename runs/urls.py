@@ -20,6 +20,7 @@ from runs import (
     reservations_api,
     reviews_api,
     session_api,
+    steering_api,
     trace_api,
 )
 
@@ -145,6 +146,11 @@ urlpatterns = [
     ),
     path(
         "runs/<str:run_id>/cancel/", api.RunCancelApi.as_view(), name="api-run-cancel"
+    ),
+    path(
+        "runs/<str:run_id>/messages/",
+        steering_api.RunMessagesApi.as_view(),
+        name="api-run-messages",
     ),
     path(
         "runs/<str:run_id>/session/",
