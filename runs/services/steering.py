@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from controlplane.failpoints import failpoint
 from controlplane.services import audit_record
 from runs.engine.loop import EngineState
 from runs.engine.steering import Steering, deliver_steering, steering_text_problem
@@ -179,6 +180,8 @@ def steering_take(*, run: Run, state: EngineState) -> list[Delivery]:
             Steering(message_id=str(row.id), author=row.author_name, text=row.text),
         )
         deliveries.append(Delivery(row.id, entry.entry_id, run.steps))
+    if deliveries:
+        failpoint("after_steering_taken")  # in the transcript, not yet written
     return deliveries
 
 
