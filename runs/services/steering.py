@@ -30,7 +30,9 @@ from runs.services.admission import run_slot_claim
 from runs.services.dispatch import step_enqueue
 from runs.services.lifecycle import RunConflict, RunInputError
 from runs.services.spend import run_usage_against_caps
+from tracing.processor import RUN_ID_KEY, TENANT_ID_KEY
 from tracing.services import run_event_append, run_events_append
+from tracing.setup import tracer
 
 # Runs that ended and may take a follow-up: it continues them as a new turn.
 # `budget_exhausted` (its cap is spent) and `policy_blocked` (the tenant's
@@ -38,6 +40,8 @@ from tracing.services import run_event_append, run_events_append
 CONTINUABLE = frozenset(
     {Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.UNVERIFIED}
 )
+# How much of a message its span shows (the message list has it whole).
+SPAN_TEXT_CHARS = 2000
 # The caps a continuation needs room under (a model call spends these).
 _CAPS_A_TURN_NEEDS = ("steps", "input_tokens", "output_tokens", "cost", "wall_seconds")
 
@@ -180,9 +184,28 @@ def steering_take(*, run: Run, state: EngineState) -> list[Delivery]:
             Steering(message_id=str(row.id), author=row.author_name, text=row.text),
         )
         deliveries.append(Delivery(row.id, entry.entry_id, run.steps))
+        _steering_span(run, row, entry.entry_id)
     if deliveries:
         failpoint("after_steering_taken")  # in the transcript, not yet written
     return deliveries
+
+
+def _steering_span(run: Run, row: RunMessage, entry_id: str) -> None:
+    """`steering message`: an instant span in the step that delivers it (the
+    trace shows each turn's messages where the model first saw them)."""
+    if len(run.trace_id) != 32:
+        return  # not traced (a run sent over OTLP)
+    attributes = {
+        RUN_ID_KEY: str(run.id),
+        TENANT_ID_KEY: str(run.tenant_id),
+        "cp.message.id": str(row.id),
+        "cp.message.author": row.author_name,
+        "cp.message.text": row.text[:SPAN_TEXT_CHARS],
+        "cp.session.entry_id": entry_id,
+        "cp.step.index": run.steps,
+    }
+    with tracer().start_as_current_span("steering message", attributes=attributes):
+        pass
 
 
 def steering_delivered(*, run: Run, deliveries: Sequence[Delivery]) -> None:

@@ -131,6 +131,12 @@ def test_scenario_10_a_message_sent_during_an_approval_lands_after_the_tool_resu
     assert entry.payload["steering"] == {
         "message_id": str(message.id), "author": operator_user.username,
     }  # fmt: skip
+    # The trace shows the message in the step that delivered it.
+    span = Span.objects.get(run=run, name="steering message")
+    assert span.attributes["cp.message.id"] == str(message.id)
+    assert span.attributes["cp.message.author"] == operator_user.username
+    parent = Span.objects.get(run=run, span_id=span.parent_span_id)
+    assert parent.name.startswith("step") or "step" in parent.name, parent.name
     types = list(RunEvent.objects.filter(run=run).values_list("type", flat=True))
     assert types.count("message.queued") == 1
     assert types.count("message.delivered") == 1
