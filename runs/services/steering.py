@@ -195,7 +195,7 @@ def _steering_span(run: Run, row: RunMessage, entry_id: str) -> None:
     trace shows each turn's messages where the model first saw them)."""
     if len(run.trace_id) != 32:
         return  # not traced (a run sent over OTLP)
-    attributes = {
+    attributes: dict[str, str | int] = {
         RUN_ID_KEY: str(run.id),
         TENANT_ID_KEY: str(run.tenant_id),
         "cp.message.id": str(row.id),
