@@ -255,3 +255,42 @@ def test_a_message_is_not_delivered_again_when_the_step_runs_again(
     contents = [m["content"] for m in transcript(run)]
     assert contents.count("And my refund?") == 1
     assert RunEvent.objects.filter(run=run, type="message.delivered").count() == 1
+
+
+def test_a_message_sent_during_the_final_step_is_answered_before_the_run_ends(
+    tenant, scripted_agent, operator_user, api_client_for, tmp_path
+):
+    """Sent while the step that gives the final answer runs (held after its
+    action was written): the message is queued, not lost, and the step goes on
+    to a next turn that answers it instead of ending the run."""
+    scripted_agent(HELLO_THEN_FOLLOW_UP, [])
+    where = "after_action_persisted"
+    worker = start_worker(
+        tmp_path,
+        extra_env={"RUN_FAILPOINTS": where, "RUN_FAILPOINT_ACTION": "pause",
+                   "RUN_FAILPOINT_DIR": str(tmp_path)},
+    )  # fmt: skip
+    try:
+        run = run_start(tenant=tenant, agent_slug="scripted", input="Where is 4821?",
+                        started_by=operator_user)  # fmt: skip
+        wait_for((tmp_path / f"failpoint-{where}").exists, what="the failpoint")
+        run.refresh_from_db()
+        assert run.status == "running"
+        response = send(api_client_for(operator_user, tenant), run, "And my refund?")
+        assert response.status_code == 202
+        assert response.json()["state"] == "queued"
+        (tmp_path / f"failpoint-{where}.resume").touch()
+        run = wait_for(lambda: settled(run) if Run.objects.get(id=run.id).steps == 2
+                       else None)  # fmt: skip
+    finally:
+        worker.stop()
+    assert run.status == "unverified" and run.steps == 2
+    assert run.final_answer == "About your refund: it went out today."
+    assert [m["role"] for m in transcript(run)][-3:] == [
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert RunMessage.objects.get(run=run).delivered_before_step == 1
+    # It never ended in between: no continuation was needed.
+    assert not RunEvent.objects.filter(run=run, type="run.continued").exists()
