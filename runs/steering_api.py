@@ -20,7 +20,7 @@ from controlplane.redaction import RedactedCharField
 from controlplane.tenancy import tenant_of
 from runs.api import RunConflictSerializer, RunSerializer
 from runs.engine.steering import MAX_STEERING_CHARS
-from runs.models import Run
+from runs.models import Run, RunMessage
 from runs.services.lifecycle import RunConflict, RunInputError
 from runs.services.steering import run_message_send
 from runs.steering_selectors import run_for_messages, run_messages
@@ -30,13 +30,23 @@ class RunMessageSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     text = RedactedCharField()
     author = serializers.CharField(source="author_name")
-    state = serializers.CharField(help_text="queued | delivered")
+    state = serializers.SerializerMethodField(
+        help_text="queued | delivered | dropped (the run was cancelled first)"
+    )
     created_at = serializers.DateTimeField()
     delivered_at = serializers.DateTimeField(allow_null=True)
     delivered_before_step = serializers.IntegerField(
         allow_null=True, help_text="the step whose model call first saw it"
     )
     entry_id = serializers.CharField(help_text="its session log entry, once delivered")
+
+    def get_state(self, message: RunMessage) -> str:
+        # A cancelled run never takes another step: what it had not taken
+        # yet will never be delivered.
+        run_status = self.context.get("run_status")
+        if message.state == RunMessage.State.QUEUED and run_status == "cancelled":
+            return "dropped"
+        return str(message.state)
 
 
 class RunMessageInputSerializer(serializers.Serializer[Any]):
@@ -62,7 +72,9 @@ class RunMessagesApi(APIView):
     @extend_schema(responses=RunMessageSerializer(many=True))
     def get(self, request: Request, run_id: str) -> Response:
         run = _run_or_404(request, run_id)
-        return Response(RunMessageSerializer(run_messages(run=run), many=True).data)
+        rows = run_messages(run=run)
+        context = {"run_status": run.status}
+        return Response(RunMessageSerializer(rows, many=True, context=context).data)
 
     @extend_schema(
         request=RunMessageInputSerializer,

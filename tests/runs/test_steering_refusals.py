@@ -181,3 +181,15 @@ def test_a_queued_run_takes_a_message_without_a_second_loop(
     run.refresh_from_db()
     assert run.status == "queued" and run.step_token == token  # no new step
     assert RunMessage.objects.get(run=run).state == "queued"
+
+
+def test_a_message_a_cancelled_run_never_took_is_listed_as_dropped(
+    run, operator_user, tenant, api_client_for
+):
+    client = api_client_for(operator_user, tenant)
+    assert post(client, run, {"text": "also the lid"}, format="json").status_code == 202
+    run_cancel(run=run, actor=operator_user)
+
+    listed = client.get(f"/api/v1/runs/{run.id}/messages/").json()
+
+    assert [m["state"] for m in listed] == ["dropped"]

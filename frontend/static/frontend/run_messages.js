@@ -17,6 +17,7 @@ function stateText(message) {
     const step = message.delivered_before_step;
     return step == null ? "delivered" : `delivered before step ${step + 1}`;
   }
+  if (message.state === "dropped") return "not delivered (the run was cancelled)";
   return "queued (delivered at the next turn)";
 }
 
