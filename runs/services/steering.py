@@ -125,8 +125,14 @@ def _continuable_or_conflict(run: Run) -> None:
         )
     if run.agent_version_id is None:
         raise RunConflict(run, "the run was sent over OTLP; it is not run here")
+    if run.agent.disabled or run.agent.deleted_at is not None:
+        raise RunConflict(
+            run,
+            f"agent {run.agent.slug!r} is disabled or deleted; the run cannot continue",
+        )
+    usage = run_usage_against_caps(run)
     for name in _CAPS_A_TURN_NEEDS:
-        use = run_usage_against_caps(run)[name]
+        use = usage[name]
         if use["cap"] is not None and float(use["used"]) >= float(use["cap"]):
             raise RunConflict(
                 run,

@@ -193,3 +193,19 @@ def test_a_message_a_cancelled_run_never_took_is_listed_as_dropped(
     listed = client.get(f"/api/v1/runs/{run.id}/messages/").json()
 
     assert [m["state"] for m in listed] == ["dropped"]
+
+
+def test_a_policy_blocked_run_does_not_continue(
+    run, operator_user, tenant, api_client_for
+):
+    Run.objects.filter(id=run.id).update(
+        status=Run.Status.POLICY_BLOCKED, stop_reason="policy_denied"
+    )
+    client = api_client_for(operator_user, tenant)
+    before = snapshot(run)
+
+    response = post(client, run, {"text": "try again"}, format="json")
+
+    assert response.status_code == 409
+    assert "ended as policy_blocked" in response.json()["error"]["message"]
+    assert snapshot(run) == before
