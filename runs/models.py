@@ -16,6 +16,7 @@ from runs.memory_models import MemoryFile
 from runs.review_models import RunReview
 from runs.rollup_models import RunDurationRollup, RunHourRollup, ToolHourRollup
 from runs.session_models import SessionEntry
+from runs.steering_models import RunMessage
 
 __all__ = [
     "Agent",
@@ -31,6 +32,7 @@ __all__ = [
     "Run",
     "RunDurationRollup",
     "RunHourRollup",
+    "RunMessage",
     "RunReview",
     "SessionBranch",
     "SessionEntry",

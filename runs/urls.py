@@ -21,6 +21,7 @@ from runs import (
     reservations_api,
     reviews_api,
     session_api,
+    steering_api,
     trace_api,
 )
 
@@ -161,6 +162,11 @@ urlpatterns = [
         "runs/<str:run_id>/branches/",
         branches_api.RunBranchesApi.as_view(),
         name="api-run-branches",
+    ),
+    path(
+        "runs/<str:run_id>/messages/",
+        steering_api.RunMessagesApi.as_view(),
+        name="api-run-messages",
     ),
     path(
         "runs/<str:run_id>/session/",

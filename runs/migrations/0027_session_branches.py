@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0024_session_log'),
+        ('runs', '0025_run_messages'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

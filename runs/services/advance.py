@@ -132,6 +132,13 @@ from runs.services.spend import (
     budget_before_tool_call,
     budget_run_cap_refused_event,
 )
+from runs.services.steering import (
+    Delivery,
+    steering_continue_stranded,
+    steering_delivered,
+    steering_queued,
+    steering_take,
+)
 from runs.spans import (
     approval_span_open,
     approval_span_settle,
@@ -204,6 +211,9 @@ class StepContext:
     # The last write proved no cancel was requested, and nothing ran since: the
     # next call needs no read of the flag (see `_read_before_call`).
     not_cancelled: bool = False
+    # Steering messages put in the transcript, marked delivered by the next
+    # write (runs.services.steering): with it, or not at all.
+    steering: list[Delivery] = field(default_factory=list)
 
     @cached_property
     def runtime(self) -> RunRuntime:
@@ -242,6 +252,8 @@ class StepContext:
             session_entries_append(run_id=self.run.id, entries=entries)
         except SessionWriterConflict as exc:
             raise LeaseLost(str(self.run.id)) from exc
+        deliveries, self.steering = self.steering, []
+        steering_delivered(run=self.run, deliveries=deliveries)
 
 
 def run_advance(
@@ -327,6 +339,7 @@ def run_advance(
         stored = engine_state_stored(run_id=run.id)
         stored.usage = ctx.state.usage
         ctx.state = stored
+        ctx.steering = []  # not in the stored transcript: they stay queued
         with suppress(StepEnded, LeaseLost):
             _finish(ctx, StopReason.INTERNAL_ERROR, detail="internal error")
         return "finished"
@@ -360,6 +373,8 @@ def _step(ctx: StepContext, open_calls: list[ToolCall]) -> None:
             ),
         )
         ctx.state.preflight_done = True  # saved with the step's next write
+    # A turn boundary: queued steering messages become the next user turns.
+    ctx.steering += steering_take(run=ctx.run, state=ctx.state)
     last = ctx.state.transcript.messages[-1]
     if last["role"] == "assistant" and not last.get("tool_calls"):
         # A final answer on record: its worker died before the run's end was
@@ -376,6 +391,8 @@ def _step(ctx: StepContext, open_calls: list[ToolCall]) -> None:
             ctx,
             output_guardrails_check(run=ctx.run, answer=action.text, charge=ctx.charge),
         )
+        if steering_queued(run=ctx.run):
+            return  # a follow-up came during the step: the next step answers it
         _finish(ctx, StopReason.DONE)
     if isinstance(action, ToolCallsAction):
         rows = _run_calls(ctx, step, list(action.calls), rows)
@@ -964,6 +981,8 @@ def _finish(
         budget_run_ended(run=ctx.run, reason=reason, dimension=dimension, detail=detail)
     failpoint("after_run_finished")
     run_finished_hooks(run=ctx.run)
+    # A message queued while this step was ending it continues the run.
+    steering_continue_stranded(run=ctx.run)
     raise StepEnded("finished")
 
 

@@ -393,6 +393,8 @@ function applyEvent(event) {
     }
     loadApprovalsSoon();
   }
+  // The messages panel (run_messages.js) lists queued and delivered messages.
+  if (type.startsWith("message.")) document.dispatchEvent(new CustomEvent("cp:run-message", { detail: event }));
   refreshRun();
 }
 const loadApprovalsSoon = throttle(loadApprovals, 250);

@@ -8,7 +8,10 @@ observation was an error (a denied approval, a failed tool), so a script can
 answer truthfully on either path. An `on_error` reply may carry
 `"if_message": {"<words>": <entry>}`: the first entry whose words appear in the
 failed call's error message (ignoring case) is given instead, so a script can
-answer a reviewer's reason ("ask the customer for a photo first").
+answer a reviewer's reason ("ask the customer for a photo first"). On an
+entry itself (not an `on_error` reply), `if_message` matches the latest user
+message instead (a steering or follow-up text, runs.engine.steering), so a
+script can answer what a person sent mid-run.
 `from_recorded` replays the replies of a recorded run (`ModelReply.to_dict()`
 rows).
 
@@ -84,6 +87,28 @@ def branch_of(entry: ScriptEntry, messages: Sequence[Mapping[str, Any]]) -> Scri
         body = observed.get(str(call_id))
         if body is not None and body.get("ok") is False:
             return branch_of(_by_message(alternative, body), messages)
+    return entry
+
+
+def by_user_message(
+    entry: ScriptEntry, messages: Sequence[Mapping[str, Any]]
+) -> ScriptEntry:
+    """An entry's own `if_message`: the first reply whose words appear in the
+    latest user message (ignoring case), else the entry."""
+    if isinstance(entry, ModelReply) or not entry.get("if_message"):
+        return entry
+    latest = next(
+        (
+            str(m.get("content") or "")
+            for m in reversed(messages)
+            if m.get("role") == "user"
+        ),
+        "",
+    )
+    for words, chosen in entry["if_message"].items():
+        if str(words).lower() in latest.lower():
+            picked: ScriptEntry = chosen
+            return picked
     return entry
 
 
@@ -261,7 +286,7 @@ class ScriptedModel:
             )
         index = self.calls
         self.calls += 1  # an `error` entry is used up too: a retry gets the next
-        entry = branch_of(self._script[index], messages)
+        entry = branch_of(by_user_message(self._script[index], messages), messages)
         reply = reply_from_entry(entry, index, self._model)
         if reply.text and "{{" in reply.text:
             reply = replace(reply, text=fill_placeholders(reply.text, messages))
