@@ -120,6 +120,11 @@ from runs.services.lifecycle import (
     run_save,
 )
 from runs.services.policy import tenant_policy
+from runs.services.questions import (
+    is_question_call,
+    question_ask,
+    question_observation,
+)
 from runs.services.session import (
     SessionWriterConflict,
     engine_state_stored,
@@ -146,6 +151,7 @@ logger = logging.getLogger(__name__)
 UNFINISHED_CALL_STATUSES = [
     ToolCallRow.Status.PENDING,
     ToolCallRow.Status.WAITING_APPROVAL,
+    ToolCallRow.Status.WAITING_INPUT,
     ToolCallRow.Status.APPROVED,
 ]
 FINAL_CALL_STATUSES = {
@@ -575,6 +581,9 @@ def _run_calls(
             approval_span_settle(ctx.run, tool_call=row)
             _resume_after_approval(ctx, row, call, rules)
             continue
+        if row.status == ToolCallRow.Status.WAITING_INPUT:
+            _resume_after_answer(ctx, row, call)
+            continue
         _gate_and_run(ctx, row, call, rules)
     return list(rows.values())
 
@@ -631,6 +640,26 @@ def _wait_for_approval(
             status=Run.Status.WAITING_APPROVAL, step_token=None, lease_owner=""
         )
     raise StepEnded("waiting")
+
+
+def _wait_for_answer(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> NoReturn:
+    """Ask a person (runs.services.questions); the run waits holding no worker."""
+    with transaction.atomic():
+        question_ask(run=ctx.run, row=row, call=call)
+        ctx.checkpoint(status=Run.Status.WAITING_INPUT, step_token=None, lease_owner="")
+    raise StepEnded("waiting")
+
+
+def _resume_after_answer(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
+    result = question_observation(run=ctx.run, row=row)
+    if result is None:  # still unanswered (a duplicate delivery): wait on
+        with transaction.atomic():
+            ctx.checkpoint(
+                status=Run.Status.WAITING_INPUT, step_token=None, lease_owner=""
+            )
+        raise StepEnded("waiting")
+    status = ToolCallRow.Status.SUCCEEDED if result.ok else ToolCallRow.Status.FAILED
+    _record(ctx, row, call, result, status)
 
 
 def _resume_after_approval(
@@ -743,6 +772,8 @@ def _recover_interrupted(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> 
 def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
     tool = ctx.runtime.registry.get(call.name)
     assert tool is not None
+    if is_question_call(tool.name):  # a person answers it: nothing executes
+        _wait_for_answer(ctx, row, call)
     usage = ctx.state.usage.with_wall_seconds(ctx.elapsed())
     capped = check_before_tool_call(
         usage, ctx.runtime.limits, tool_cost=tool.money_cost
