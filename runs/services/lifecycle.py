@@ -348,7 +348,7 @@ def run_end_unheld(
     ToolCall.objects.filter(
         run=run,
         status__in=[ToolCall.Status.PENDING, ToolCall.Status.WAITING_APPROVAL,
-                    ToolCall.Status.APPROVED],
+                    ToolCall.Status.WAITING_INPUT, ToolCall.Status.APPROVED],
     ).update(status=ToolCall.Status.CANCELLED, finished_at=timezone.now())  # fmt: skip
     session_log_flush(run_id=run.id, state=state)
     fields = {**run_finish_fields(state, reason, status, detail=detail), **changes}
