@@ -9,6 +9,7 @@ give one outcome. This app stores and announces; `runs` resumes the waiting run
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 from django.conf import settings
@@ -111,12 +112,68 @@ def question_open(
         tool_call=tool_call,
         kind=kind,
         question=question,
-        choices=list(choices or []),
+        choices=list(choices or elicitation_choices(schema)),
         schema=schema,
         expires_at=timezone.now() + dt.timedelta(seconds=ttl),
     )
     _announce(row, "question.ask", None)
     return row
+
+
+def _single_field(schema: dict[str, Any] | None) -> tuple[str, dict[str, Any]] | None:
+    properties = (schema or {}).get("properties")
+    if isinstance(properties, dict) and len(properties) == 1:
+        ((name, field),) = properties.items()
+        return str(name), field if isinstance(field, dict) else {}
+    return None
+
+
+def elicitation_choices(schema: dict[str, Any] | None) -> list[str]:
+    """The answers a person picks from, for a one-field form: a boolean's
+    `true`/`false`, or the field's `enum`; empty for free text."""
+    single = _single_field(schema)
+    if single is None:
+        return []
+    field = single[1]
+    if field.get("type") == "boolean":
+        return ["true", "false"]
+    enum = field.get("enum")
+    return [str(v) for v in enum] if isinstance(enum, list) else []
+
+
+def elicitation_content(schema: dict[str, Any] | None, answer: str) -> dict[str, Any]:
+    """The form content a person's answer gives an MCP server: a one-field
+    form takes the answer as that field (typed as the schema says); a larger
+    one takes a JSON object of its fields. Raises QuestionInputError."""
+    single = _single_field(schema)
+    if single is not None:
+        name, field = single
+        kind = field.get("type")
+        try:
+            if kind == "boolean":
+                if answer not in ("true", "false"):
+                    raise ValueError("answer true or false")
+                return {name: answer == "true"}
+            if kind == "integer":
+                return {name: int(answer)}
+            if kind == "number":
+                return {name: float(answer)}
+        except ValueError:
+            raise QuestionInputError("answer", f"answer must be a {kind}") from None
+        return {name: answer}
+    try:
+        content = json.loads(answer)
+    except json.JSONDecodeError:
+        content = None
+    properties = (schema or {}).get("properties") or {}
+    if not isinstance(content, dict) or not set(content) <= set(properties):
+        raise QuestionInputError(
+            "answer", f"answer must be a JSON object of the fields {sorted(properties)}"
+        )
+    missing = set((schema or {}).get("required") or []) - set(content)
+    if missing:
+        raise QuestionInputError("answer", f"answer lacks the fields {sorted(missing)}")
+    return content
 
 
 def _check_answer(question: Question, answer: Any) -> str:
@@ -130,6 +187,8 @@ def _check_answer(question: Question, answer: Any) -> str:
         raise QuestionInputError(
             "answer", f"answer must be one of the choices: {question.choices}"
         )
+    if question.kind == Question.Kind.ELICITATION:
+        elicitation_content(question.schema, answer)  # the server can take it
     return answer
 
 

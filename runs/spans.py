@@ -744,12 +744,12 @@ def gate_span_settle(run: Run, *, approval: ApprovalRequest) -> None:
 # --- questions to a person (runs.services.questions) ----------------------------
 
 
-def _question_span_id(tool_call_id: Any) -> int:
+def _question_span_id(question_id: Any) -> int:
     import uuid
 
-    # The call's `execute_tool` span, kept open while its question waits (the
-    # approval span of the same call takes the uuid's other half).
-    return (uuid.UUID(str(tool_call_id)).int & ((1 << 64) - 1)) or 1
+    # The call's `execute_tool` span, kept open while its question waits (one
+    # per question: an MCP call may ask more than once).
+    return (uuid.UUID(str(question_id)).int >> 64) or 1
 
 
 def question_span_open(run: Run, *, tool_call: Any, question: Any) -> None:
@@ -759,7 +759,7 @@ def question_span_open(run: Run, *, tool_call: Any, question: Any) -> None:
     try:
         with (
             long_lived(),
-            fixed_ids(trace_id=_trace_id(run), span_id=_question_span_id(tool_call.id)),
+            fixed_ids(trace_id=_trace_id(run), span_id=_question_span_id(question.id)),
         ):
             tracer().start_span(
                 f"execute_tool {tool_call.tool_name}",
@@ -771,6 +771,7 @@ def question_span_open(run: Run, *, tool_call: Any, question: Any) -> None:
                     "gen_ai.tool.type": "function",
                     "gen_ai.tool.call.arguments": _json(tool_call.args),
                     "cp.question.id": str(question.id),
+                    "cp.question.kind": question.kind,
                     "cp.question.text": question.question,
                     "cp.question.choices": list(question.choices),
                     "cp.question.status": "pending",
@@ -799,7 +800,7 @@ def question_span_settle(
             attributes["cp.question.answered_at"] = question.answered_at.isoformat()
         _resume_and_end(
             run,
-            span_id=f"{_question_span_id(tool_call.id):016x}",
+            span_id=f"{_question_span_id(question.id):016x}",
             attributes=attributes,
             error="" if result.ok else "ETIMEDOUT",
         )

@@ -123,7 +123,7 @@ from runs.services.policy import tenant_policy
 from runs.services.questions import (
     is_question_call,
     question_ask,
-    question_observation,
+    question_outcome_for,
 )
 from runs.services.session import (
     SessionWriterConflict,
@@ -144,6 +144,7 @@ from runs.spans import (
     step_span,
     tool_span,
 )
+from runs.tools.elicitation import input_required_of
 from tracing.processor import SpanBatch, span_batch
 
 logger = logging.getLogger(__name__)
@@ -642,22 +643,32 @@ def _wait_for_approval(
     raise StepEnded("waiting")
 
 
-def _wait_for_answer(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> NoReturn:
+def _wait_for_answer(
+    ctx: StepContext,
+    row: ToolCallRow,
+    call: ToolCall,
+    elicited: dict[str, Any] | None = None,
+) -> NoReturn:
     """Ask a person (runs.services.questions); the run waits holding no worker."""
     with transaction.atomic():
-        question_ask(run=ctx.run, row=row, call=call)
+        question_ask(run=ctx.run, row=row, call=call, elicited=elicited)
         ctx.checkpoint(status=Run.Status.WAITING_INPUT, step_token=None, lease_owner="")
     raise StepEnded("waiting")
 
 
 def _resume_after_answer(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
-    result = question_observation(run=ctx.run, row=row)
-    if result is None:  # still unanswered (a duplicate delivery): wait on
+    outcome = question_outcome_for(run=ctx.run, row=row)
+    if outcome.pending:  # still unanswered (a duplicate delivery): wait on
         with transaction.atomic():
             ctx.checkpoint(
                 status=Run.Status.WAITING_INPUT, step_token=None, lease_owner=""
             )
         raise StepEnded("waiting")
+    if outcome.rerun:  # the MCP server gets its answer from the re-run call
+        _execute(ctx, row, call)
+        return
+    result = outcome.result
+    assert result is not None
     status = ToolCallRow.Status.SUCCEEDED if result.ok else ToolCallRow.Status.FAILED
     _record(ctx, row, call, result, status)
 
@@ -852,6 +863,9 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
         assert outcome.stop_reason is not None
         _finish(ctx, outcome.stop_reason, detail=f"refused before {call.name}")
     row.attempts += outcome.attempts - 1  # automatic retries
+    elicited = input_required_of(result)
+    if elicited is not None:  # an MCP server asks a person first
+        _wait_for_answer(ctx, row, call, elicited)
     status = ToolCallRow.Status.SUCCEEDED if result.ok else ToolCallRow.Status.FAILED
     _record(ctx, row, call, result, status)
     _guard(ctx, stop)

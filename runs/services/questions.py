@@ -12,6 +12,7 @@ error observation (`ETIMEDOUT`, "no answer came") and the run goes on.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -41,17 +42,34 @@ def is_question_call(tool_name: str) -> bool:
     return tool_name == ASK_HUMAN
 
 
-def question_ask(*, run: Run, row: ToolCallRow, call: ToolCall) -> Question:
+def question_ask(
+    *,
+    run: Run,
+    row: ToolCallRow,
+    call: ToolCall,
+    elicited: dict[str, Any] | None = None,
+) -> Question:
     """Open the call's question and mark the call waiting (in the caller's
-    transaction, which also parks the run in `waiting_input`)."""
-    choices = call.arguments.get("choices")
-    question = question_open(
-        tenant_id=run.tenant_id,
-        tool_call=row,
-        kind=Question.Kind.ASK_HUMAN,
-        question=str(call.arguments.get("question", "")),
-        choices=[str(c) for c in choices] if isinstance(choices, list) else [],
-    )
+    transaction, which also parks the run in `waiting_input`): an ask_human
+    call's, or what an MCP server asked during the call (`elicited`: its
+    message and requested schema)."""
+    if elicited is not None:
+        question = question_open(
+            tenant_id=run.tenant_id,
+            tool_call=row,
+            kind=Question.Kind.ELICITATION,
+            question=str(elicited.get("message") or ""),
+            schema=elicited.get("schema"),
+        )
+    else:
+        choices = call.arguments.get("choices")
+        question = question_open(
+            tenant_id=run.tenant_id,
+            tool_call=row,
+            kind=Question.Kind.ASK_HUMAN,
+            question=str(call.arguments.get("question", "")),
+            choices=[str(c) for c in choices] if isinstance(choices, list) else [],
+        )
     ToolCallRow.objects.filter(id=row.id).update(
         status=ToolCallRow.Status.WAITING_INPUT
     )
@@ -59,9 +77,19 @@ def question_ask(*, run: Run, row: ToolCallRow, call: ToolCall) -> Question:
     return question
 
 
-def question_observation(*, run: Run, row: ToolCallRow) -> ToolResult | None:
-    """The call's result once its question is final (None while it waits): the
-    answer, or an error saying no answer came before it expired."""
+@dataclass(frozen=True)
+class QuestionOutcome:
+    """What the waiting call does now: wait on (`pending`), record `result` as
+    its observation, or run again (`rerun`: an MCP server's question was
+    answered, and the re-run call gives it the answer)."""
+
+    pending: bool = False
+    result: ToolResult | None = None
+    rerun: bool = False
+
+
+def question_outcome_for(*, run: Run, row: ToolCallRow) -> QuestionOutcome:
+    """The call's latest question: still waiting, answered, or not answered."""
     question = (
         Question.objects.filter(tool_call_id=row.id)
         .select_related("answered_by")
@@ -69,7 +97,15 @@ def question_observation(*, run: Run, row: ToolCallRow) -> ToolResult | None:
         .first()
     )
     if question is None or question.status == Question.Status.PENDING:
-        return None
+        return QuestionOutcome(pending=True)
+    result = _observation(question)
+    question_span_settle(run, tool_call=row, question=question, result=result)
+    if result.ok and question.kind == Question.Kind.ELICITATION:
+        return QuestionOutcome(rerun=True)
+    return QuestionOutcome(result=result)
+
+
+def _observation(question: Question) -> ToolResult:
     if question.status == Question.Status.ANSWERED:
         result = ToolResult.success(
             {"question": question.question, "answer": question.answer}
@@ -82,7 +118,6 @@ def question_observation(*, run: Run, row: ToolCallRow) -> ToolResult | None:
             "still open.",
             retryable=False,
         )
-    question_span_settle(run, tool_call=row, question=question, result=result)
     return result
 
 
