@@ -38,9 +38,13 @@ def run_gauges() -> Iterator[Metric]:
 
     waiting = GaugeMetricFamily(
         "controlplane_runs_waiting_for_human",
-        "Runs waiting for an approval or a budget extension decision.",
+        "Runs waiting for an approval, a budget extension decision or an answer.",
     )
-    waiting.add_metric([], counts.get(Run.Status.WAITING_APPROVAL, 0))
+    waiting.add_metric(
+        [],
+        counts.get(Run.Status.WAITING_APPROVAL, 0)
+        + counts.get(Run.Status.WAITING_INPUT, 0),
+    )
     yield waiting
 
     # A queued run's updated_at is when it was last handed to the queue.
