@@ -14,12 +14,19 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals import selectors
+from approvals.models import Question
 from approvals.questions import QuestionClosed, QuestionInputError
 from approvals.questions_api import QuestionConflictSerializer, QuestionSerializer
 from controlplane.api_input import reject_unknown_fields
 from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 from runs.services.questions import question_answer
+
+_CLOSED_CODES = {
+    Question.Status.ANSWERED: "already_answered",
+    Question.Status.EXPIRED: "expired",
+    Question.Status.CANCELLED: "cancelled",
+}
 
 
 class QuestionAnswerApi(APIView):
@@ -61,7 +68,9 @@ class QuestionAnswerApi(APIView):
             return Response(
                 {
                     "error": {
-                        "code": "expired" if closed.expired else "already_answered",
+                        "code": _CLOSED_CODES.get(
+                            closed.question.status, "already_answered"
+                        ),
                         "message": str(closed),
                         "question": QuestionSerializer(current).data,
                     }

@@ -273,7 +273,7 @@ def test_an_answer_after_the_time_to_live_expires_it_and_is_refused(
 
 
 def test_cancelling_a_waiting_run_cancels_its_question(
-    scripted_agent, operator_user, worker
+    scripted_agent, operator_user, api_client_for, worker
 ):
     agent = scripted_agent([ASK, ANSWER], ["ask_human"])
     run = start(agent, operator_user)
@@ -285,3 +285,10 @@ def test_cancelling_a_waiting_run_cancels_its_question(
     assert question.status == Question.Status.CANCELLED
     call = ToolCall.objects.get(run=run, call_id="call_ask")
     assert call.status == ToolCall.Status.CANCELLED
+    unchanged = _unchanged(question, run)
+    response = api_client_for(operator_user, run.tenant).post(
+        answer_url(question), {"answer": "red"}, format="json"
+    )
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "cancelled"
+    unchanged()
