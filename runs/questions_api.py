@@ -22,7 +22,7 @@ from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
 from runs.services.questions import question_answer
 
-_CLOSED_CODES = {
+_CLOSED_CODES: dict[str, str] = {
     Question.Status.ANSWERED: "already_answered",
     Question.Status.EXPIRED: "expired",
     Question.Status.CANCELLED: "cancelled",
