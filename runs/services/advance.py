@@ -783,7 +783,7 @@ def _recover_interrupted(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> 
 def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
     tool = ctx.runtime.registry.get(call.name)
     assert tool is not None
-    if is_question_call(tool.name):  # a person answers it: nothing executes
+    if is_question_call(tool):  # a person answers it: nothing executes
         _wait_for_answer(ctx, row, call)
     usage = ctx.state.usage.with_wall_seconds(ctx.elapsed())
     capped = check_before_tool_call(

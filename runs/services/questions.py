@@ -29,7 +29,9 @@ from approvals.questions import (
 )
 from approvals.selectors import questions_due
 from runs.engine.actions import ToolCall
+from runs.engine.contracts import ToolSource
 from runs.engine.envelope import ErrorCode, ToolResult
+from runs.engine.tools import Tool
 from runs.models import Run
 from runs.models import ToolCall as ToolCallRow
 from runs.services.dispatch import step_enqueue
@@ -37,9 +39,10 @@ from runs.spans import question_span_open, question_span_settle
 from runs.tools.ask_human import ASK_HUMAN
 
 
-def is_question_call(tool_name: str) -> bool:
-    """Whether the call is answered by a person rather than executed."""
-    return tool_name == ASK_HUMAN
+def is_question_call(tool: Tool) -> bool:
+    """Whether the call is answered by a person rather than executed: the
+    built-in `ask_human` (an MCP tool of the same model-visible name is not)."""
+    return tool.name == ASK_HUMAN and tool.contract.source is ToolSource.BUILTIN
 
 
 def question_ask(
