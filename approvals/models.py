@@ -200,3 +200,57 @@ class ApprovalDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.decision} by {self.user_id}"
+
+
+class Question(models.Model):
+    """A question a run asks a person and waits for (status `waiting_input`):
+    the built-in `ask_human` tool's, or an MCP server's elicitation during a
+    tool call. The answer becomes the call's observation (runs.services.questions).
+    """
+
+    class Kind(models.TextChoices):
+        ASK_HUMAN = "ask_human"
+        ELICITATION = "elicitation"  # an MCP server's `elicitation/create`
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        ANSWERED = "answered"
+        EXPIRED = "expired"
+        CANCELLED = "cancelled"  # its run was cancelled
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="questions"
+    )
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.CASCADE, related_name="questions"
+    )
+    # An MCP call may ask more than once (each answer re-runs the call).
+    tool_call = models.ForeignKey(
+        "runs.ToolCall", on_delete=models.CASCADE, related_name="questions"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    question = models.TextField()
+    choices = models.JSONField(default=list, blank=True)  # empty: free text
+    # An elicitation's `requestedSchema` (what the server wants filled in).
+    schema = models.JSONField(null=True, blank=True)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True
+    )
+    answer = models.TextField(blank=True)
+    answered_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    answered_at = models.DateTimeField(null=True, blank=True)
+    asked_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "status", "asked_at"])]
+
+    def __str__(self) -> str:
+        return f"question of {self.run_id} ({self.status})"

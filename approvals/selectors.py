@@ -7,7 +7,7 @@ import uuid
 
 from django.db.models import F, QuerySet
 
-from approvals.models import ApprovalPolicyRule, ApprovalRequest
+from approvals.models import ApprovalPolicyRule, ApprovalRequest, Question
 from controlplane.models import Tenant
 
 # A pseudo-status of the list: every request that is no longer pending.
@@ -56,6 +56,29 @@ def approvals_due(*, now: dt.datetime, limit: int) -> list[ApprovalRequest]:
         ApprovalRequest.objects.filter(
             status=ApprovalRequest.Status.PENDING, expires_at__lte=now
         )
+        .select_related("run", "tenant", "tool_call")
+        .order_by("expires_at")[:limit]
+    )
+
+
+def question_list_for(
+    *, tenant: Tenant, status: str | None = None, run_id: str | uuid.UUID | None = None
+) -> QuerySet[Question]:
+    """The tenant's questions, newest first."""
+    questions = Question.objects.filter(tenant=tenant)
+    if status:
+        questions = questions.filter(status=status)
+    if run_id:
+        questions = questions.filter(run_id=run_id)
+    return questions.select_related(
+        "run", "run__agent", "tool_call", "answered_by"
+    ).order_by("-asked_at")
+
+
+def questions_due(*, now: dt.datetime, limit: int) -> list[Question]:
+    """Pending questions past their time-to-live (every tenant's: for the sweep)."""
+    return list(
+        Question.objects.filter(status=Question.Status.PENDING, expires_at__lte=now)
         .select_related("run", "tenant", "tool_call")
         .order_by("expires_at")[:limit]
     )

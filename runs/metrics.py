@@ -12,7 +12,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from approvals.models import ApprovalRequest
 from runs.models import Run
 
-_OPEN = (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING_APPROVAL)
+_OPEN = (
+    Run.Status.QUEUED,
+    Run.Status.RUNNING,
+    Run.Status.WAITING_APPROVAL,
+    Run.Status.WAITING_INPUT,
+)
 
 
 def run_gauges() -> Iterator[Metric]:
@@ -33,9 +38,13 @@ def run_gauges() -> Iterator[Metric]:
 
     waiting = GaugeMetricFamily(
         "controlplane_runs_waiting_for_human",
-        "Runs waiting for an approval or a budget extension decision.",
+        "Runs waiting for an approval, a budget extension decision or an answer.",
     )
-    waiting.add_metric([], counts.get(Run.Status.WAITING_APPROVAL, 0))
+    waiting.add_metric(
+        [],
+        counts.get(Run.Status.WAITING_APPROVAL, 0)
+        + counts.get(Run.Status.WAITING_INPUT, 0),
+    )
     yield waiting
 
     # A queued run's updated_at is when it was last handed to the queue.

@@ -193,6 +193,7 @@ class Run(models.Model):
         QUEUED = "queued"
         RUNNING = "running"
         WAITING_APPROVAL = "waiting_approval"
+        WAITING_INPUT = "waiting_input"  # for a person's answer (approvals.Question)
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         UNVERIFIED = "unverified"
@@ -348,6 +349,7 @@ class ToolCall(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending"
         WAITING_APPROVAL = "waiting_approval"
+        WAITING_INPUT = "waiting_input"  # its question waits for an answer
         APPROVED = "approved"
         EXECUTING = "executing"
         SUCCEEDED = "succeeded"

@@ -739,3 +739,70 @@ def gate_span_settle(run: Run, *, approval: ApprovalRequest) -> None:
         )
     except Exception:  # noqa: BLE001 - tracing never stops a gate
         logger.warning("tracing: approval span of %s", approval.id, exc_info=True)
+
+
+# --- questions to a person (runs.services.questions) ----------------------------
+
+
+def _question_span_id(question_id: Any) -> int:
+    import uuid
+
+    # The call's `execute_tool` span, kept open while its question waits (one
+    # per question: an MCP call may ask more than once).
+    return (uuid.UUID(str(question_id)).int >> 64) or 1
+
+
+def question_span_open(run: Run, *, tool_call: Any, question: Any) -> None:
+    """Start `execute_tool {tool}` showing the question; it ends when answered."""
+    if not _traced(run):
+        return
+    try:
+        with (
+            long_lived(),
+            fixed_ids(trace_id=_trace_id(run), span_id=_question_span_id(question.id)),
+        ):
+            tracer().start_span(
+                f"execute_tool {tool_call.tool_name}",
+                attributes={
+                    **_run_attributes(run),
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": tool_call.tool_name,
+                    "gen_ai.tool.call.id": tool_call.call_id,
+                    "gen_ai.tool.type": "function",
+                    "gen_ai.tool.call.arguments": _json(tool_call.args),
+                    "cp.question.id": str(question.id),
+                    "cp.question.kind": question.kind,
+                    "cp.question.text": question.question,
+                    "cp.question.choices": list(question.choices),
+                    "cp.question.status": "pending",
+                },
+            )
+    except Exception:  # noqa: BLE001 - tracing never stops a run
+        logger.warning("tracing: question span of %s", tool_call.id, exc_info=True)
+
+
+def question_span_settle(
+    run: Run, *, tool_call: Any, question: Any, result: Any
+) -> None:
+    """End the call's span with who answered what (or that it expired)."""
+    if not _traced(run):
+        return
+    try:
+        attributes: dict[str, Any] = {
+            "cp.question.status": question.status,
+            "gen_ai.tool.call.result": _json(result.to_dict()),
+            "cp.tool.executed": False,
+        }
+        if question.answered_by is not None:
+            attributes["cp.question.answer"] = question.answer
+            attributes["cp.question.answered_by"] = question.answered_by.get_username()
+        if question.answered_at is not None:
+            attributes["cp.question.answered_at"] = question.answered_at.isoformat()
+        _resume_and_end(
+            run,
+            span_id=f"{_question_span_id(question.id):016x}",
+            attributes=attributes,
+            error="" if result.ok else "ETIMEDOUT",
+        )
+    except Exception:  # noqa: BLE001 - tracing never stops a run
+        logger.warning("tracing: question span of %s", tool_call.id, exc_info=True)

@@ -22,6 +22,7 @@ from runs.services.eval_runs import eval_runs_sweep, eval_trial_after_step
 from runs.services.gate_webhooks import gate_webhook_deliver, gate_webhooks_due
 from runs.services.guards import run_finished_hooks_of_ended
 from runs.services.mcp import mcp_stdio_listing_reply
+from runs.services.questions import questions_expire
 from runs.services.retention import retention_sweep
 from runs.services.rollups import runs_roll_up_all
 from runs.spans import spans_end_of_finished_runs
@@ -111,8 +112,9 @@ def recover_stalled_runs_task() -> int:
 @shared_task
 def expire_approvals_task() -> int:
     """Expire pending approvals past their time-to-live (a deny, reason `expired`)
+    and questions to a person past theirs (the model is told no answer came),
     and end their runs' waits; run by beat (no countdown/ETA)."""
-    return approvals_expire()
+    return approvals_expire() + questions_expire()
 
 
 @shared_task(acks_late=False)

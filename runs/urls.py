@@ -18,6 +18,7 @@ from runs import (
     mcp_api,
     memory_api,
     overview_api,
+    questions_api,
     reservations_api,
     reviews_api,
     session_api,
@@ -248,6 +249,11 @@ urlpatterns = [
         "approvals/<uuid:approval_id>/decide/",
         approvals_api.ApprovalDecideApi.as_view(),
         name="api-approval-decide",
+    ),
+    path(
+        "questions/<uuid:question_id>/answer/",
+        questions_api.QuestionAnswerApi.as_view(),
+        name="api-question-answer",
     ),
     path(
         "approval-rules/",

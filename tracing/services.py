@@ -32,8 +32,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Events of these types also go to the tenant-wide stream (runs list, approvals
-# inbox); span events are many and only the run stream carries them.
-TENANT_EVENT_PREFIXES = ("run.", "approval.", "step.", "budget.")
+# inbox, its questions); span events are many and only the run stream carries them.
+TENANT_EVENT_PREFIXES = ("run.", "approval.", "question.", "step.", "budget.")
 
 # Span events are built from span rows the store has already redacted.
 SPAN_EVENT_PREFIX = "span."

@@ -38,6 +38,7 @@ class RunStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     WAITING_APPROVAL = "waiting_approval"
+    WAITING_INPUT = "waiting_input"  # a question to a person (ask_human, MCP)
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     UNVERIFIED = "unverified"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -26,6 +26,7 @@ import anyio.to_thread
 import httpx2
 import mcp_types as types
 from mcp import Client
+from mcp.client.session import ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
@@ -35,6 +36,7 @@ from runs.mcp.endpoint import (
     McpCallResult,
     McpEndpoint,
     McpFailure,
+    McpInputRequired,
     PipedProcess,
     clip,
     definition_sha256,
@@ -136,8 +138,10 @@ def _run_bounded(
     endpoint: McpEndpoint,
     timeout_seconds: float,
     body: Callable[[Client], Awaitable[_T]],
+    elicitation: ElicitationFnT | None = None,
 ) -> _T:
-    """Open a session, run `body` on it, close it; all within the deadline."""
+    """Open a session, run `body` on it, close it; all within the deadline.
+    With `elicitation`, the client declares the capability and answers by it."""
     guard = SizeGuard(endpoint.max_response_bytes)
     if endpoint.stdio is None:
         check_http_target(endpoint.url, endpoint.allowed_private, label=endpoint.label)
@@ -160,6 +164,7 @@ def _run_bounded(
                     piped_transport(process, guard),
                     cache=None,
                     read_timeout_seconds=timeout_seconds,
+                    elicitation_callback=elicitation,
                 ) as client:
                     return await body(client)
             timeout = httpx2.Timeout(timeout_seconds)
@@ -177,7 +182,10 @@ def _run_bounded(
                     max_sse_event_size=endpoint.max_response_bytes,
                 )
                 async with Client(
-                    streams, cache=None, read_timeout_seconds=timeout_seconds
+                    streams,
+                    cache=None,
+                    read_timeout_seconds=timeout_seconds,
+                    elicitation_callback=elicitation,
                 ) as client:
                     return await body(client)
 
@@ -198,6 +206,13 @@ def _run_bounded(
     worker.join(timeout_seconds + _GRACE_SECONDS)
     if worker.is_alive():
         raise McpFailure("timeout", f"{endpoint.label} did not answer in time")
+    asked = [
+        e
+        for e in _leaves(box.get("error", RuntimeError()))
+        if isinstance(e, McpInputRequired)
+    ]
+    if asked:
+        raise asked[0]
     if "error" in box or guard.exceeded or guard.garbage:
         failure = _failure_of(box.get("error", RuntimeError()), endpoint.label, guard)
         ended = "; ".join(e for e in endings if e)
@@ -297,9 +312,41 @@ def mcp_call_tool(
     *,
     timeout_seconds: float,
     pinned_sha256: str,
+    elicitation_answers: Sequence[Mapping[str, Any]] = (),
 ) -> McpCallResult:
     """Call `name` if the server still lists it exactly as pinned; raises
-    `McpFailure` (`removed`, `changed`, or a transport failure)."""
+    `McpFailure` (`removed`, `changed`, or a transport failure).
+
+    The server's elicitation requests during the call are answered, in order,
+    by `elicitation_answers` (accepted with that content); one beyond them
+    stops the call unfinished and raises `McpInputRequired` (its message and
+    requested schema), for the caller to ask a person and call again.
+    """
+    asked: list[McpInputRequired] = []
+    used: list[int] = []  # one per elicitation request of this call
+    scopes: list[anyio.CancelScope] = []
+
+    async def elicit(
+        context: Any, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        index = len(used)
+        used.append(index)
+        if index < len(elicitation_answers):
+            return types.ElicitResult(
+                action="accept", content=dict(elicitation_answers[index])
+            )
+        schema = getattr(params, "requested_schema", None)
+        asked.append(
+            McpInputRequired(
+                clip(str(params.message), 4000),
+                None if schema is None else dict(schema),
+            )
+        )
+        for scope in scopes:  # the call stops here, unfinished
+            scope.cancel()
+        return types.ErrorData(
+            code=types.INVALID_REQUEST, message="waiting for a person's answer"
+        )
 
     async def body(client: Client) -> McpCallResult:
         # The server is asked what the tool is now, in the same session as the
@@ -319,7 +366,11 @@ def mcp_call_tool(
                 "admin accepted it",
                 listing=list(listed.values()),
             )
-        result = await client.call_tool(name, dict(arguments))
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            result = await client.call_tool(name, dict(arguments))
+        if asked:
+            raise asked[0]
         blocks = [_block(block) for block in result.content]
         text = "\n".join(
             str(block.get("text", ""))
@@ -333,4 +384,4 @@ def mcp_call_tool(
             structured=result.structured_content,
         )
 
-    return _run_bounded(endpoint, timeout_seconds, body)
+    return _run_bounded(endpoint, timeout_seconds, body, elicitation=elicit)

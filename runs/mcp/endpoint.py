@@ -31,6 +31,17 @@ class PipedProcess(Protocol):
 StdioFactory = Callable[[], PipedProcess]
 
 
+class McpInputRequired(Exception):
+    """The server asked for a person's input (`elicitation/create`) that no
+    recorded answer covers: the call was stopped unfinished, to be re-run once a
+    person answers (the answers are then given in order)."""
+
+    def __init__(self, message: str, schema: dict[str, Any] | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.schema = schema
+
+
 class McpFailure(Exception):
     """An MCP server could not be used; `kind` says how, for the error mapping.
 

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0025_run_messages'),
+        ('runs', '0026_waiting_input'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -51,7 +51,13 @@ def budget_admit_run(*, run: Run) -> BudgetRefusal | None:
 
 def _active_runs(tenant_id: Any) -> Any:
     return Run.objects.filter(tenant_id=tenant_id).filter(
-        Q(status__in=[Run.Status.RUNNING, Run.Status.WAITING_APPROVAL])
+        Q(
+            status__in=[
+                Run.Status.RUNNING,
+                Run.Status.WAITING_APPROVAL,
+                Run.Status.WAITING_INPUT,
+            ]
+        )
         | Q(status=Run.Status.QUEUED, step_token__isnull=False)
     )
 

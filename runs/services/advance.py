@@ -120,6 +120,11 @@ from runs.services.lifecycle import (
     run_save,
 )
 from runs.services.policy import tenant_policy
+from runs.services.questions import (
+    is_question_call,
+    question_ask,
+    question_outcome_for,
+)
 from runs.services.session import (
     SessionWriterConflict,
     engine_state_stored,
@@ -146,6 +151,7 @@ from runs.spans import (
     step_span,
     tool_span,
 )
+from runs.tools.elicitation import input_required_of
 from tracing.processor import SpanBatch, span_batch
 
 logger = logging.getLogger(__name__)
@@ -153,6 +159,7 @@ logger = logging.getLogger(__name__)
 UNFINISHED_CALL_STATUSES = [
     ToolCallRow.Status.PENDING,
     ToolCallRow.Status.WAITING_APPROVAL,
+    ToolCallRow.Status.WAITING_INPUT,
     ToolCallRow.Status.APPROVED,
 ]
 FINAL_CALL_STATUSES = {
@@ -592,6 +599,9 @@ def _run_calls(
             approval_span_settle(ctx.run, tool_call=row)
             _resume_after_approval(ctx, row, call, rules)
             continue
+        if row.status == ToolCallRow.Status.WAITING_INPUT:
+            _resume_after_answer(ctx, row, call)
+            continue
         _gate_and_run(ctx, row, call, rules)
     return list(rows.values())
 
@@ -648,6 +658,36 @@ def _wait_for_approval(
             status=Run.Status.WAITING_APPROVAL, step_token=None, lease_owner=""
         )
     raise StepEnded("waiting")
+
+
+def _wait_for_answer(
+    ctx: StepContext,
+    row: ToolCallRow,
+    call: ToolCall,
+    elicited: dict[str, Any] | None = None,
+) -> NoReturn:
+    """Ask a person (runs.services.questions); the run waits holding no worker."""
+    with transaction.atomic():
+        question_ask(run=ctx.run, row=row, call=call, elicited=elicited)
+        ctx.checkpoint(status=Run.Status.WAITING_INPUT, step_token=None, lease_owner="")
+    raise StepEnded("waiting")
+
+
+def _resume_after_answer(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
+    outcome = question_outcome_for(run=ctx.run, row=row)
+    if outcome.pending:  # still unanswered (a duplicate delivery): wait on
+        with transaction.atomic():
+            ctx.checkpoint(
+                status=Run.Status.WAITING_INPUT, step_token=None, lease_owner=""
+            )
+        raise StepEnded("waiting")
+    if outcome.rerun:  # the MCP server gets its answer from the re-run call
+        _execute(ctx, row, call)
+        return
+    result = outcome.result
+    assert result is not None
+    status = ToolCallRow.Status.SUCCEEDED if result.ok else ToolCallRow.Status.FAILED
+    _record(ctx, row, call, result, status)
 
 
 def _resume_after_approval(
@@ -760,6 +800,8 @@ def _recover_interrupted(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> 
 def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
     tool = ctx.runtime.registry.get(call.name)
     assert tool is not None
+    if is_question_call(tool):  # a person answers it: nothing executes
+        _wait_for_answer(ctx, row, call)
     usage = ctx.state.usage.with_wall_seconds(ctx.elapsed())
     capped = check_before_tool_call(
         usage, ctx.runtime.limits, tool_cost=tool.money_cost
@@ -838,6 +880,9 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
         assert outcome.stop_reason is not None
         _finish(ctx, outcome.stop_reason, detail=f"refused before {call.name}")
     row.attempts += outcome.attempts - 1  # automatic retries
+    elicited = input_required_of(result)
+    if elicited is not None:  # an MCP server asks a person first
+        _wait_for_answer(ctx, row, call, elicited)
     status = ToolCallRow.Status.SUCCEEDED if result.ok else ToolCallRow.Status.FAILED
     _record(ctx, row, call, result, status)
     _guard(ctx, stop)

@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from approvals.questions import questions_cancel_for_run
 from approvals.services import approval_requests_cancel_for_run
 from budgets.end_user_ledger import end_user_limited
 from budgets.ledger import budget_release_for_run
@@ -347,7 +348,7 @@ def run_end_unheld(
     ToolCall.objects.filter(
         run=run,
         status__in=[ToolCall.Status.PENDING, ToolCall.Status.WAITING_APPROVAL,
-                    ToolCall.Status.APPROVED],
+                    ToolCall.Status.WAITING_INPUT, ToolCall.Status.APPROVED],
     ).update(status=ToolCall.Status.CANCELLED, finished_at=timezone.now())  # fmt: skip
     session_log_flush(run_id=run.id, state=state)
     fields = {**run_finish_fields(state, reason, status, detail=detail), **changes}
@@ -421,6 +422,7 @@ def _lease_alive(run: Run) -> bool:
 
 def _approvals_cancel(run: Run) -> None:
     approval_requests_cancel_for_run(run_id=run.id, tenant=run.tenant)
+    questions_cancel_for_run(run_id=run.id)
 
 
 @transaction.atomic

@@ -39,10 +39,11 @@ from runs.engine.envelope import ErrorCode, SuggestedAction, ToolFailure, ToolRe
 from runs.engine.tools import Tool, ToolContext
 from runs.mcp.client import mcp_call_tool
 from runs.mcp.connection import mcp_endpoint_for, sandbox_evidence
-from runs.mcp.endpoint import McpFailure, clip, mcp_model_name
+from runs.mcp.endpoint import McpFailure, McpInputRequired, clip, mcp_model_name
 from runs.mcp.pinning import mcp_listing_apply
 from runs.models import McpServer, McpTool
 from runs.tools.egress import CREDENTIALS, EgressSettingsError, egress_secret_names
+from runs.tools.elicitation import elicitation_answers_for, input_required_result
 
 MCP_REF_PREFIX = "mcp:"
 # Text kept of one result (the observation shown to the model is bounded again).
@@ -219,10 +220,16 @@ def _call(
             retryable=False,
             suggested_action="do_not_retry_ask_an_operator",
         ) from None
+    # The server may ask a person (elicitation): the answers given so far go
+    # to its requests in order; one more stops the call for a new question.
+    answers = elicitation_answers_for(run_id=ctx.run_id, call_id=ctx.call_id)
     try:
         result = mcp_call_tool(
-            endpoint, name, arguments, timeout_seconds=timeout, pinned_sha256=pinned
-        )
+            endpoint, name, arguments, timeout_seconds=timeout, pinned_sha256=pinned,
+            elicitation_answers=answers,
+        )  # fmt: skip
+    except McpInputRequired as asked:
+        return input_required_result(contract.name, asked.message, asked.schema)
     except McpFailure as failure:
         if failure.listing is not None:
             # The server changed under us: pin what it lists now, disabling the

@@ -18,6 +18,7 @@ from runs.engine.disclosure import (
     tool_search_tool,
 )
 from runs.engine.tools import Tool, ToolRegistry
+from runs.tools.ask_human import ASK_HUMAN_TOOL
 from runs.tools.echo import ECHO_TOOL
 from runs.tools.mcp import (
     MCP_REF_PREFIX,
@@ -30,7 +31,8 @@ from runs.tools.run_code import RUN_CODE_TOOL, run_code_tool
 from runs.tools.shop import SHOP_TOOLS, create_replacement
 
 BUILTIN_TOOLS: dict[str, Tool] = {
-    tool.name: tool for tool in [*SHOP_TOOLS, RUN_CODE_TOOL, ECHO_TOOL, MEMORY_TOOL]
+    tool.name: tool
+    for tool in [*SHOP_TOOLS, RUN_CODE_TOOL, ECHO_TOOL, MEMORY_TOOL, ASK_HUMAN_TOOL]
 }
 
 

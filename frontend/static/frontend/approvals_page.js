@@ -365,9 +365,14 @@ new Stream({
   onEvent: (event) => {
     const type = event.type || "";
     if (type.startsWith("approval.")) refresh();
+    if (type.startsWith("question.")) window.dispatchEvent(new CustomEvent("questions:changed"));
     // reviews_panel.js keeps the "Flagged for review" list on this one stream.
     if (type.startsWith("run.review_")) window.dispatchEvent(new CustomEvent("reviews:changed"));
   },
-  onResync: () => { refresh(); window.dispatchEvent(new CustomEvent("reviews:changed")); },
+  onResync: () => {
+    refresh();
+    window.dispatchEvent(new CustomEvent("reviews:changed"));
+    window.dispatchEvent(new CustomEvent("questions:changed"));
+  },
   poll: async () => { await load(); return []; },
 }).start();

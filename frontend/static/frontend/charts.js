@@ -8,7 +8,7 @@ import uPlot from "./vendor/uPlot.esm.js";
 import { el } from "./format.js";
 
 export const STATUS_COLOURS = {
-  queued: "#8a8f98", running: "#2f6fdd", waiting_approval: "#c98a00", succeeded: "#1f8a4c",
+  queued: "#8a8f98", running: "#2f6fdd", waiting_approval: "#c98a00", waiting_input: "#c98a00", succeeded: "#1f8a4c",
   failed: "#c62828", unverified: "#7b5ea7", budget_exhausted: "#d35400", policy_blocked: "#6d4c41",
   cancelled: "#5f6b7a",
 };

@@ -125,6 +125,23 @@ function decisionBox(d, testid) {
   return box;
 }
 
+// A question to a person on its call's span (ask_human, an MCP elicitation):
+// what was asked, then who answered what (or that nobody did in time).
+function questionBox(a) {
+  const status = a["cp.question.status"];
+  const choices = [].concat(a["cp.question.choices"] || []);
+  const box = el("section", { class: "approval-card question", "data-testid": "span-question" },
+    el("h3", { text: "Question to a person" }),
+    el("blockquote", { "data-testid": "question-text", text: a["cp.question.text"] }));
+  if (choices.length) box.append(el("p", { class: "small", text: `Choices: ${choices.join(" · ")}` }));
+  box.append(status === "answered"
+    ? el("p", { "data-testid": "question-answer" }, `Answered by ${a["cp.question.answered_by"] || "–"}: `, el("strong", { text: a["cp.question.answer"] }))
+    : status === "pending"
+      ? el("p", {}, statusBadge("waiting_input"), " ", el("a", { href: "/approvals/", text: "answer it in the inbox" }))
+      : el("p", { "data-testid": "question-answer", text: `No answer: the question ${status}.` }));
+  return box;
+}
+
 function approvalNode(approval) {
   for (const node of model.nodes.values()) {
     if (node.s.name.startsWith("approval") && (node.s.attributes || {})["gen_ai.tool.call.id"] === approval.tool_call_id) return node;
@@ -469,6 +486,7 @@ function renderDetail(node, full) {
   }
   const decision = approval ? null : decisionOf(node);
   if (decision) parts.push(decisionBox(decision, "approval-decision"));
+  if (a["cp.question.text"] != null) parts.push(questionBox(a));
   const verdict = a["cp.evaluation.verdict"] || (a["gen_ai.operation.name"] === "invoke_agent" && s.ended_at && run?.verdict?.verdict);
   if (verdict) {
     const why = a["cp.evaluation.reason"] ?? run?.verdict?.reason ?? "";
