@@ -132,6 +132,14 @@ from runs.services.spend import (
     budget_before_tool_call,
     budget_run_cap_refused_event,
 )
+from runs.services.subagents import (
+    is_subagent_call,
+    subagent_call_advance,
+    subagent_gate,
+    subagent_run_ended,
+    subagents_running,
+    subagents_wait_check,
+)
 from runs.spans import (
     approval_span_open,
     approval_span_settle,
@@ -565,6 +573,9 @@ def _run_calls(
             remember_loaded(ctx.state.loaded_tools, call.name, stored)
             _record(ctx, row, call, stored, row.status)
             continue
+        if is_subagent_call(call.name) and row.status in SUBAGENT_CALL_STATUSES:
+            _delegate(ctx, row, call, rules)
+            continue
         if row.status == ToolCallRow.Status.EXECUTING:
             _recover_interrupted(ctx, row, call)
             continue
@@ -576,7 +587,54 @@ def _run_calls(
             _resume_after_approval(ctx, row, call, rules)
             continue
         _gate_and_run(ctx, row, call, rules)
+    if any(is_subagent_call(call.name) for call in calls):
+        _wait_for_subagents(ctx)
     return list(rows.values())
+
+
+SUBAGENT_CALL_STATUSES = (ToolCallRow.Status.PENDING, ToolCallRow.Status.EXECUTING)
+
+
+def _delegate(
+    ctx: StepContext, row: ToolCallRow, call: ToolCall, rules: list[Any] | None
+) -> None:
+    """A sub-agent's call (runs.services.subagents), gated like any call: its
+    child run starts, or the ended child's outcome becomes the observation."""
+    if row.status == ToolCallRow.Status.PENDING:
+        gate = subagent_gate(_gate(ctx, call, rules))
+        if gate.verdict is not GateVerdict.EXECUTE:
+            assert gate.result is not None
+            if gate.verdict is GateVerdict.DENY:
+                _record(ctx, row, call, gate.result, ToolCallRow.Status.DENIED)
+                detail = gate.decision.reason if gate.decision else "denied by policy"
+                _finish(ctx, StopReason.POLICY_DENIED, detail=detail)
+            _record(ctx, row, call, gate.result, ToolCallRow.Status.REFUSED)
+            return
+    ended = subagent_call_advance(
+        run=ctx.run,
+        row=row,
+        call=call,
+        usage=ctx.state.usage.with_wall_seconds(ctx.elapsed()),
+        limits=ctx.runtime.limits,
+    )
+    if ended is not None:  # the child's spend is its parent's (docs/engine.md)
+        ctx.charge(ended.spent)
+        ok = ended.result.ok
+        status = ToolCallRow.Status.SUCCEEDED if ok else ToolCallRow.Status.FAILED
+        _record(ctx, row, call, ended.result, status)
+
+
+def _wait_for_subagents(ctx: StepContext) -> None:
+    """Wait for the step's sub-agent runs, holding no worker; returns when none
+    is running (their outcomes are recorded)."""
+    if not subagents_running(run=ctx.run):
+        return
+    with transaction.atomic():
+        ctx.checkpoint(
+            status=Run.Status.WAITING_SUBAGENTS, step_token=None, lease_owner=""
+        )
+        subagents_wait_check(run=ctx.run)
+    raise StepEnded("waiting")
 
 
 def _gate_and_run(
@@ -962,6 +1020,7 @@ def _finish(
         # with the outcome: a worker lost after this commit leaks nothing (its
         # root span is ended by tracing's sweep, spans_end_of_finished_runs).
         budget_run_ended(run=ctx.run, reason=reason, dimension=dimension, detail=detail)
+        subagent_run_ended(ctx.run)
     failpoint("after_run_finished")
     run_finished_hooks(run=ctx.run)
     raise StepEnded("finished")
