@@ -619,8 +619,13 @@ def _delegate(
     )
     if ended is not None:  # the child's spend is its parent's (docs/engine.md)
         ctx.charge(ended.spent)
-        ok = ended.result.ok
-        status = ToolCallRow.Status.SUCCEEDED if ok else ToolCallRow.Status.FAILED
+        status = (
+            ToolCallRow.Status.REFUSED
+            if ended.refused
+            else ToolCallRow.Status.SUCCEEDED
+            if ended.result.ok
+            else ToolCallRow.Status.FAILED
+        )
         _record(ctx, row, call, ended.result, status)
 
 

@@ -59,6 +59,7 @@ class ChildOutcome:
 
     result: ToolResult
     spent: BudgetVector
+    refused: bool = False  # no child was started
 
 
 def is_subagent_call(name: str) -> bool:
@@ -90,11 +91,12 @@ def subagent_call_advance(
         return outcome
     refused = _start_refusal(run, call)
     if refused is not None:
-        return ChildOutcome(refused, BudgetVector())
+        return ChildOutcome(refused, BudgetVector(), refused=True)
     carve = _carve(run, row, usage, limits)
     if isinstance(carve, ToolResult):
-        return ChildOutcome(carve, BudgetVector())
-    child = _child_start(run, row, call, carve)
+        return ChildOutcome(carve, BudgetVector(), refused=True)
+    with transaction.atomic():  # the child and its call's state, or neither
+        child = _child_start(run, row, call, carve)
     subagent_span_open(run, tool_call=row, child=child)
     if child.is_terminal:  # refused at admission (the tenant's runs per period)
         outcome = _child_outcome(child)
