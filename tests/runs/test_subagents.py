@@ -88,7 +88,8 @@ def test_parent_receives_the_childs_answer_as_its_observation(
         ],
     )  # fmt: skip
     parent = run_start(tenant=tenant, agent_slug=parent_agent.slug,
-                       input="Where is order 4821?", started_by=operator_user)  # fmt: skip
+                       input="Where is order 4821?",
+                       started_by=operator_user)  # fmt: skip
     parent = settled(parent)
     assert parent.final_answer == "It shipped on 2 May.", parent.stop_detail
     (child,) = Run.objects.filter(parent_run=parent)
@@ -184,7 +185,8 @@ def test_parallel_children_share_what_the_parent_has_left(
                 {"text": "Both done."}],
     )  # fmt: skip
     parent = run_start(tenant=tenant, agent_slug="lead", input="Split it",
-                       started_by=operator_user, limits={"max_cost": "1.00"})  # fmt: skip
+                       started_by=operator_user,
+                       limits={"max_cost": "1.00"})  # fmt: skip
     parent = settled(parent)
     assert parent.final_answer == "Both done.", parent.stop_detail
     children = list(Run.objects.filter(parent_run=parent))
