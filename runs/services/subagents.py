@@ -4,7 +4,7 @@ Sub-agents).
 The child's input is the call's task brief; its caps are the lowest of its own
 agent's, the tenant's ceiling and a share of what its parent has left (never
 more: the parent's remaining cost, tokens and active seconds, less what its
-live children already hold, split over the calls of the step still to start).
+children not yet charged to it hold, split over the calls of the step still to start).
 The parent waits `waiting_subagents` holding no worker; each child's end wakes
 it once none is left running (runs.services.subagent_wake), and the step that
 resumes records each child's answer (or why it stopped) as the observation and
@@ -196,8 +196,12 @@ def _carve(
     """The child's share of what the parent has left, as caps; a refusal when
     a capped dimension has nothing left."""
     left = run_remaining(usage, limits)
-    live = Run.objects.filter(parent_run=run).exclude(status__in=Run.TERMINAL)
-    held = [BudgetLimits.from_dict(child.limits) for child in live.only("limits")]
+    # What the children not yet charged to the parent hold: their whole caps
+    # (one that ended meanwhile has spent no more than that).
+    uncharged = Run.objects.filter(
+        parent_run=run, parent_tool_call__status=ToolCallRow.Status.EXECUTING
+    )
+    held = [BudgetLimits.from_dict(child.limits) for child in uncharged.only("limits")]
     # This call and the step's other delegations not started yet share it.
     sharing = max(
         1,
