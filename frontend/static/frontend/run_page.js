@@ -550,6 +550,8 @@ try {
   flash(`Could not load the trace: ${error.message}`);
 }
 await header;
+// Sub-agent runs the loaded calls started join the tree (in the background).
+for (const node of [...model.nodes.values()]) loadSubagent(node);
 perf.loaded = performance.now();
 view.schedule();
 renderBanner();
