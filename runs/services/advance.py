@@ -134,8 +134,8 @@ from runs.services.spend import (
 )
 from runs.services.subagents import (
     is_subagent_call,
-    subagent_call_advance,
-    subagent_gate,
+    subagent_call_open,
+    subagent_call_step,
     subagent_run_ended,
     subagents_running,
     subagents_wait_check,
@@ -573,7 +573,7 @@ def _run_calls(
             remember_loaded(ctx.state.loaded_tools, call.name, stored)
             _record(ctx, row, call, stored, row.status)
             continue
-        if is_subagent_call(call.name) and row.status in SUBAGENT_CALL_STATUSES:
+        if subagent_call_open(call.name, row.status):
             _delegate(ctx, row, call, rules)
             continue
         if row.status == ToolCallRow.Status.EXECUTING:
@@ -592,41 +592,22 @@ def _run_calls(
     return list(rows.values())
 
 
-SUBAGENT_CALL_STATUSES = (ToolCallRow.Status.PENDING, ToolCallRow.Status.EXECUTING)
-
-
 def _delegate(
     ctx: StepContext, row: ToolCallRow, call: ToolCall, rules: list[Any] | None
 ) -> None:
-    """A sub-agent's call (runs.services.subagents), gated like any call: its
-    child run starts, or the ended child's outcome becomes the observation."""
-    if row.status == ToolCallRow.Status.PENDING:
-        gate = subagent_gate(_gate(ctx, call, rules))
-        if gate.verdict is not GateVerdict.EXECUTE:
-            assert gate.result is not None
-            if gate.verdict is GateVerdict.DENY:
-                _record(ctx, row, call, gate.result, ToolCallRow.Status.DENIED)
-                detail = gate.decision.reason if gate.decision else "denied by policy"
-                _finish(ctx, StopReason.POLICY_DENIED, detail=detail)
-            _record(ctx, row, call, gate.result, ToolCallRow.Status.REFUSED)
-            return
-    ended = subagent_call_advance(
-        run=ctx.run,
-        row=row,
-        call=call,
+    """A sub-agent's call (runs.services.subagents): its child starts, or the
+    ended child's outcome (or the gate's refusal) is recorded."""
+    done = subagent_call_step(
+        run=ctx.run, row=row, call=call, gate=lambda: _gate(ctx, call, rules),
         usage=ctx.state.usage.with_wall_seconds(ctx.elapsed()),
         limits=ctx.runtime.limits,
-    )
-    if ended is not None:  # the child's spend is its parent's (docs/engine.md)
-        ctx.charge(ended.spent)
-        status = (
-            ToolCallRow.Status.REFUSED
-            if ended.refused
-            else ToolCallRow.Status.SUCCEEDED
-            if ended.result.ok
-            else ToolCallRow.Status.FAILED
-        )
-        _record(ctx, row, call, ended.result, status)
+    )  # fmt: skip
+    if done is None:  # its child works
+        return
+    ctx.charge(done.spent)  # the child's spend is its parent's (docs/engine.md)
+    _record(ctx, row, call, done.result, done.status)
+    if done.denied is not None:
+        _finish(ctx, StopReason.POLICY_DENIED, detail=done.denied)
 
 
 def _wait_for_subagents(ctx: StepContext) -> None:

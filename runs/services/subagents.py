@@ -14,6 +14,7 @@ its whole tree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -62,8 +63,66 @@ class ChildOutcome:
     refused: bool = False  # no child was started
 
 
+@dataclass(frozen=True)
+class CallStep:
+    """What the step records for a sub-agent call: its observation and the
+    call's status, the spend to charge, and `denied` (the policy's reason) when
+    the run is to end `policy_denied`."""
+
+    result: ToolResult
+    status: str
+    spent: BudgetVector
+    denied: str | None = None
+
+
 def is_subagent_call(name: str) -> bool:
     return name.startswith(SUBAGENT_TOOL_PREFIX)
+
+
+def subagent_call_open(name: str, status: str) -> bool:
+    """A sub-agent call not yet resolved: to gate and start, or waiting on its
+    child (`executing`)."""
+    return is_subagent_call(name) and status in (
+        ToolCallRow.Status.PENDING,
+        ToolCallRow.Status.EXECUTING,
+    )
+
+
+def subagent_call_step(
+    *,
+    run: Run,
+    row: ToolCallRow,
+    call: ToolCall,
+    gate: Callable[[], CallGate],
+    usage: BudgetVector,
+    limits: BudgetLimits,
+) -> CallStep | None:
+    """Gate a new call like any (`gate`: the step's, with the tenant's rules),
+    then start its child; or take the ended child's outcome. None while the
+    child works."""
+    if row.status == ToolCallRow.Status.PENDING:
+        gated = subagent_gate(gate())
+        if gated.verdict is not GateVerdict.EXECUTE:
+            assert gated.result is not None
+            if gated.verdict is GateVerdict.DENY:
+                why = gated.decision.reason if gated.decision else "denied by policy"
+                return CallStep(
+                    gated.result, ToolCallRow.Status.DENIED, BudgetVector(), why
+                )
+            return CallStep(gated.result, ToolCallRow.Status.REFUSED, BudgetVector())
+    ended = subagent_call_advance(
+        run=run, row=row, call=call, usage=usage, limits=limits
+    )
+    if ended is None:
+        return None
+    status = (
+        ToolCallRow.Status.REFUSED
+        if ended.refused
+        else ToolCallRow.Status.SUCCEEDED
+        if ended.result.ok
+        else ToolCallRow.Status.FAILED
+    )
+    return CallStep(ended.result, status, ended.spent)
 
 
 def subagent_child_of(row: ToolCallRow) -> Run | None:
