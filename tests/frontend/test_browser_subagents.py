@@ -61,10 +61,15 @@ def test_the_childs_answer_shows_in_the_tree_under_the_calling_span(
     assert int(child_root.get_attribute("data-index") or -1) == call_index + 1
     child_root.click()
     expect(page.locator("#detail")).to_contain_text(ANSWER)
-    # The child's own spans are there too (its model call).
-    expect(page.locator(".trow", has_text="chat scripted")).to_have_count(
-        3
-    )  # the parent's two, the child's one
+    # The child's own spans are there too: the parent's two model calls and
+    # the child's one.
+    expect(page.locator(".trow", has_text="chat scripted")).to_have_count(3)
+    # The child's own page names the run it serves.
+    child = Run.objects.get(parent_run=parent)
+    page.goto(f"/runs/{child.id}/")
+    expect(page.get_by_test_id("run-parent")).to_have_text(
+        f"run {str(parent.id)[:8]} (call call_r)"
+    )
 
 
 def test_an_approval_inside_a_child_names_the_parent_it_serves(

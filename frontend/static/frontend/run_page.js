@@ -262,6 +262,7 @@ function renderRun() {
     ["Duration", duration(since(run.started_at, end))], ["Steps", run.steps], ["Tool calls", run.tool_calls],
     ["Tokens", `${tokens(run.input_tokens)} in / ${tokens(run.output_tokens)} out`], ["Cost", money(run.cost)],
   ];
+  if (run.parent_run) facts.push(["Sub-agent of", el("a", { href: `/runs/${run.parent_run}/`, "data-testid": "run-parent", text: `run ${run.parent_run.slice(0, 8)} (call ${run.parent_call_id || "–"})` }), "run-parent-fact"]);
   if (run.end_user) facts.push(["End user", el("a", { href: `/end-users/${encodeURIComponent(run.end_user)}/`, "data-testid": "run-end-user", text: run.end_user }), "run-end-user-fact"]);
   if (run.stop_reason) facts.push(["Stop reason", `${stopReasonLabel(run.stop_reason)}${run.stop_detail ? ` — ${run.stop_detail}` : ""}`]);
   if (run.verdict) facts.push(["Outcome", outcomeText(), "run-verdict"]);
