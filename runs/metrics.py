@@ -12,7 +12,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from approvals.models import ApprovalRequest
 from runs.models import Run
 
-_OPEN = (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING_APPROVAL)
+_OPEN = (
+    Run.Status.QUEUED,
+    Run.Status.RUNNING,
+    Run.Status.WAITING_APPROVAL,
+    Run.Status.WAITING_SUBAGENTS,
+)
 
 
 def run_gauges() -> Iterator[Metric]:
