@@ -10,6 +10,7 @@ from controlplane.models import Tenant
 from runs.models import Agent
 from runs.tools.subagents import (
     MAX_DESCRIPTION_CHARS,
+    MAX_TOOL_NAME_CHARS,
     subagent_entries,
     subagent_tool_name,
 )
@@ -72,7 +73,7 @@ def subagents_problems(
 
 
 def _tool_name_fits(slug: str) -> None:
-    if len(subagent_tool_name(slug)) > 64:
+    if len(subagent_tool_name(slug)) > MAX_TOOL_NAME_CHARS:
         raise ValueError(
             f"agent {slug!r}: its tool name {subagent_tool_name(slug)!r} is over "
             "64 characters; give the agent a shorter slug"

@@ -16,6 +16,7 @@ SUBAGENT_TOOL_PREFIX = "agent__"
 # The longest brief a parent may hand a child (its input).
 MAX_TASK_CHARS = 20_000
 MAX_DESCRIPTION_CHARS = 1_000
+MAX_TOOL_NAME_CHARS = 64  # runs.engine.contracts.TOOL_NAME_PATTERN
 
 
 def subagent_tool_name(slug: str) -> str:
@@ -104,3 +105,19 @@ def subagent_tools_for(value: Iterable[Any], *, tenant_id: Any) -> list[Tool]:
         for entry in entries
         if entry["agent"] in names
     ]
+
+
+def subagent_contracts_of(*, tenant_id: Any) -> dict[str, ToolContract]:
+    """The contract of every live agent of the tenant as a sub-agent tool: what
+    an approval rule naming `agent__<slug>` is checked against."""
+    if not tenant_id:
+        return {}
+    rows = Agent.objects.filter(
+        tenant_id=tenant_id, deleted_at__isnull=True, current_version__isnull=False
+    ).values_list("slug", "name")
+    tools = [
+        subagent_tool(slug, name, "")
+        for slug, name in rows
+        if len(subagent_tool_name(slug)) <= MAX_TOOL_NAME_CHARS
+    ]
+    return {tool.name: tool.contract for tool in tools}

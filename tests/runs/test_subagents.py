@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 
 from approvals.models import ApprovalRequest
+from approvals.rules import approval_rule_create
 from budgets.models import ModelPriceEntry
 from runs.engine.observation import TRUST_LABEL
 from runs.models import AgentVersion, Run, ToolCall
 from runs.services import run_cancel, run_start
 from runs.spans import root_span_id, subagent_span_id
+from runs.tools.registry import tool_contracts_for
 from tests.agents import make_agent
 from tests.conftest import WorkerProcess, start_worker, wait_for
 from tracing.models import Span
@@ -191,6 +193,10 @@ def test_parallel_children_share_what_the_parent_has_left(
     assert parent.final_answer == "Both done.", parent.stop_detail
     children = list(Run.objects.filter(parent_run=parent))
     assert len(children) == 2
+    # Both started in the parent's first step; it resumed once, after both ended.
+    assert parent.steps == 2
+    resumed = parent.step_rows.get(index=1).started_at
+    assert all(child.finished_at <= resumed for child in children)
     first_step_cost = parent.step_rows.get(index=0).cost
     left = Decimal("1.00") - first_step_cost
     shares = [Decimal(child.limits["max_cost"]) for child in children]
@@ -353,3 +359,26 @@ def test_a_cycle_found_at_run_time_starts_nothing(tenant, operator_user, two_wor
     row = ToolCall.objects.get(run=ping, call_id="call_pong")
     assert row.status == "refused"
     assert "a cycle (pong -> ping -> pong)" in row.observation["content"]
+
+
+def test_the_tenants_policy_may_deny_a_sub_agent_call(tenant, admin_user, drive_run):
+    """Under the same tenant policy: a rule that denies the call ends the run
+    `policy_blocked`, and no child starts."""
+    make_agent(tenant, "researcher", script=[{"text": ANSWER}])
+    approval_rule_create(
+        tenant=tenant, actor=admin_user,
+        data={"name": "No delegation", "tool": "agent__researcher",
+              "action": "deny"},
+        known_tools=tool_contracts_for(tenant_id=tenant.id),
+    )  # fmt: skip
+    make_agent(
+        tenant, "lead", subagents=["researcher"],
+        script=[{"tool_calls": [delegate("call_r", "researcher", "Look it up.")]},
+                {"text": "never"}],
+    )  # fmt: skip
+    run = drive_run(
+        run_start(tenant=tenant, agent_slug="lead", input="Go", started_by=None)
+    )
+    assert run.status == "policy_blocked" and run.stop_reason == "policy_denied"
+    assert ToolCall.objects.get(run=run, call_id="call_r").status == "denied"
+    assert not Run.objects.filter(parent_run=run).exists()
