@@ -107,3 +107,31 @@ def test_an_approval_inside_a_child_names_the_parent_it_serves(
         )
     finally:
         run_cancel(run=parent, actor=operator_user)
+
+
+def test_the_agent_form_edits_sub_agents_and_names_a_bad_one(
+    tenant: Any, admin_user: Any, open_page: Any
+) -> None:
+    make_agent(tenant, "researcher", script=[{"text": ANSWER}])
+    lead = make_agent(tenant, "lead", subagents=["researcher"])
+    page = open_page(admin_user, f"/agents/{lead.id}/")
+    form = page.locator("#agent-form")
+    form.get_by_text("Sub-agents", exact=True).click()
+    field = form.get_by_label("Sub-agents (JSON list)")
+    expect(field).to_have_value('[\n  {\n    "agent": "researcher",\n'
+                                '    "description": ""\n  }\n]')  # fmt: skip
+    field.fill('["researcher", "lead"]')
+    page.get_by_role("button", name="Save as a new version").click()
+    expect(page.locator("#agent-subagents-error")).to_contain_text(
+        "may not list itself"
+    )
+    assert lead.versions.count() == 1
+    # An edit of another field keeps the list.
+    field.fill('[{"agent": "researcher", "description": "Looks orders up."}]')
+    form.get_by_label("Model", exact=True).fill("scripted-2")
+    page.get_by_role("button", name="Save as a new version").click()
+    expect(page.locator("#agent-title")).to_contain_text("v2")
+    version = lead.versions.get(number=2)
+    assert version.subagents == [
+        {"agent": "researcher", "description": "Looks orders up."}
+    ]
