@@ -24,6 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from budgets.services import tenant_run_ceiling
+from controlplane.failpoints import failpoint
 from controlplane.services import audit_record
 from runs.engine.actions import ToolCall
 from runs.engine.budget import BudgetLimits, BudgetVector
@@ -143,6 +144,9 @@ def subagent_call_advance(
     nothing started."""
     child = subagent_child_of(row)
     if child is not None:
+        # Stored already, unless the step that started the child died before
+        # storing it (its store keeps a stored span as it is).
+        subagent_span_open(run, tool_call=row, child=child)
         if not child.is_terminal:
             return None
         outcome = _child_outcome(child)
@@ -156,6 +160,7 @@ def subagent_call_advance(
         return ChildOutcome(carve, BudgetVector(), refused=True)
     with transaction.atomic():  # the child and its call's state, or neither
         child = _child_start(run, row, call, carve)
+    failpoint("after_subagent_started")
     subagent_span_open(run, tool_call=row, child=child)
     if child.is_terminal:  # refused at admission (the tenant's runs per period)
         outcome = _child_outcome(child)

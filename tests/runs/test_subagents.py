@@ -20,7 +20,7 @@ from approvals.rules import approval_rule_create
 from budgets.models import ModelPriceEntry
 from runs.engine.observation import TRUST_LABEL
 from runs.models import AgentVersion, Run, ToolCall
-from runs.services import run_cancel, run_start
+from runs.services import recover_stalled_runs, run_cancel, run_start
 from runs.spans import root_span_id, subagent_span_id
 from runs.tools.registry import tool_contracts_for
 from tests.agents import make_agent
@@ -382,3 +382,57 @@ def test_the_tenants_policy_may_deny_a_sub_agent_call(tenant, admin_user, drive_
     assert run.status == "policy_blocked" and run.stop_reason == "policy_denied"
     assert ToolCall.objects.get(run=run, call_id="call_r").status == "denied"
     assert not Run.objects.filter(parent_run=run).exists()
+
+
+def test_a_parent_killed_after_starting_a_child_never_starts_it_twice(
+    tenant, operator_user, tmp_path, settings
+):
+    """The worker dies right after the first child's start is committed; the
+    recovered step finds that child (the call's row names it), starts only the
+    second, and waits for both."""
+    settings.RUN_LEASE_SECONDS = 2.0
+    lease = {"RUN_LEASE_SECONDS": "2"}
+    first = start_worker(
+        tmp_path, pool="solo",
+        extra_env={**lease, "RUN_FAILPOINTS": "after_subagent_started",
+                   "RUN_FAILPOINT_DIR": str(tmp_path)},
+    )  # fmt: skip
+    make_agent(tenant, "researcher", script=[{"text": ANSWER}])
+    make_agent(
+        tenant, "lead", subagents=["researcher"],
+        script=[{"tool_calls": [delegate("call_a", "researcher", "Part A"),
+                                delegate("call_b", "researcher", "Part B")]},
+                {"text": "Both done."}],
+    )  # fmt: skip
+    parent = run_start(tenant=tenant, agent_slug="lead", input="Go",
+                       started_by=operator_user)  # fmt: skip
+    wait_for(lambda: first.process.poll() is not None, timeout=60)  # SIGKILLed
+    assert Run.objects.filter(parent_run=parent).count() == 1
+    second = start_worker(tmp_path, concurrency=2, extra_env=lease)
+    try:
+        wait_for(
+            lambda: (
+                recover_stalled_runs() is not None
+                and (time.sleep(0.5) or Run.objects.get(id=parent.id).is_terminal)
+            ),
+            timeout=90,
+            what="the parent recovered and ended",
+        )
+    finally:
+        second.stop()
+    parent.refresh_from_db()
+    assert parent.final_answer == "Both done.", parent.stop_detail
+    children = Run.objects.filter(parent_run=parent)
+    assert sorted(c.parent_tool_call.call_id for c in children) == ["call_a", "call_b"]
+    assert all(c.final_answer == ANSWER for c in children)
+    assert set(
+        ToolCall.objects.filter(run=parent).values_list("status", flat=True)
+    ) == {"succeeded"}
+    # Each child's root hangs under its call's span, the first one's stored by
+    # the recovered step.
+    for child in children:
+        spans_of(child)
+        root = Span.objects.get(run=child, span_id=f"{root_span_id(child):016x}")
+        calling = Span.objects.get(run=parent, span_id=root.parent_span_id)
+        assert calling.attributes["cp.subagent.run_id"] == str(child.id)
+        assert calling.ended_at is not None
