@@ -64,6 +64,8 @@ class ApprovalSerializer(serializers.Serializer[Any]):
     # Context for the person deciding: which agent, what the run was asked, and
     # what the model said when it made the call (redacted, bounded).
     agent = serializers.CharField(source="run.agent.slug")
+    # A sub-agent run's call: the run it serves (its parent's); null otherwise.
+    parent_run = serializers.UUIDField(source="run.parent_run_id", allow_null=True)
     run_input = serializers.SerializerMethodField()
     last_model_message = serializers.SerializerMethodField()
     # The call's id on the trace: the model's call id, or an external call's

@@ -267,6 +267,7 @@ def _form_values(version: AgentVersion | None) -> dict[str, Any]:
         "script": json.dumps(config.get("script", []), indent=2),
         "guardrails": json.dumps(config.get("guardrails", []), indent=2),
         "hooks": json.dumps(config.get("hooks", []), indent=2),
+        "subagents": json.dumps(config.get("subagents", []), indent=2),
     }
 
 

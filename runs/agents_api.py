@@ -39,6 +39,7 @@ from runs.services.agent_validation import (
     MAX_SCRIPT_REPLIES,
     MAX_TOOLS,
 )
+from runs.services.subagent_config import MAX_SUBAGENTS
 
 CONFIG_FIELDS = set(AgentVersion.CONFIG_FIELDS)
 MAX_VERSION_NUMBER = 2**31 - 1
@@ -73,6 +74,7 @@ class AgentVersionSerializer(serializers.Serializer[Any]):
     guardrails = serializers.ListField(child=serializers.DictField())
     hooks = serializers.ListField(child=serializers.DictField())
     compaction_threshold = serializers.FloatField()
+    subagents = serializers.ListField(child=serializers.DictField())
     created_by = serializers.CharField(source="created_by.username", allow_null=True)
     created_at = serializers.DateTimeField()
 
@@ -158,6 +160,9 @@ class AgentConfigInputSerializer(serializers.Serializer[Any]):
     )
     # Checked by the service (a share of the model's context window).
     compaction_threshold = serializers.FloatField(required=False)
+    # Slugs or {agent, description}: checked by the service (known agents of
+    # the tenant, no cycle), which names the field.
+    subagents = serializers.ListField(required=False, max_length=MAX_SUBAGENTS)
 
 
 class AgentCreateInputSerializer(AgentConfigInputSerializer):

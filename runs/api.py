@@ -117,6 +117,13 @@ class RunSerializer(serializers.Serializer[Any]):
 
 class RunDetailSerializer(RunSerializer):
     step_rows = StepSerializer(many=True, source="step_rows.all")
+    # A sub-agent run: the run whose call started it, that call's id, and how
+    # deep it is (0: a top-level run); null/""/0 otherwise.
+    parent_run = serializers.UUIDField(source="parent_run_id", allow_null=True)
+    parent_call_id = serializers.CharField(
+        source="parent_tool_call.call_id", allow_null=True, default=None
+    )
+    depth = serializers.IntegerField()
 
 
 class RunConflictDetailSerializer(ErrorDetailSerializer):

@@ -17,6 +17,7 @@ _OPEN = (
     Run.Status.RUNNING,
     Run.Status.WAITING_APPROVAL,
     Run.Status.WAITING_INPUT,
+    Run.Status.WAITING_SUBAGENTS,
 )
 
 

@@ -135,6 +135,7 @@ class AgentVersion(models.Model):
         "guardrails",
         "hooks",
         "compaction_threshold",
+        "subagents",
     )
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -175,6 +176,9 @@ class AgentVersion(models.Model):
     # The share of the model's context window (price table) above which the
     # context is compacted before a model call (runs.services.compaction).
     compaction_threshold = models.FloatField(default=0.8)
+    # Agents of the tenant it may call as tools (`agent__<slug>`): [{"agent":
+    # slug, "description": text}] (runs.services.subagent_config).
+    subagents = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["agent", "number"]
@@ -194,6 +198,8 @@ class Run(models.Model):
         RUNNING = "running"
         WAITING_APPROVAL = "waiting_approval"
         WAITING_INPUT = "waiting_input"  # for a person's answer (approvals.Question)
+        # Its sub-agent runs work; it holds no worker (runs.services.subagents).
+        WAITING_SUBAGENTS = "waiting_subagents"
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         UNVERIFIED = "unverified"
@@ -258,6 +264,23 @@ class Run(models.Model):
     # id: the world may be cleaned up before the run's record); None: the
     # tenant's real one.
     world_id = models.UUIDField(null=True, blank=True)
+    # A sub-agent run: the run whose tool call started it (and that call); it
+    # shares its parent's trace, its root span under the call's span.
+    parent_run = models.ForeignKey(
+        "self",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="child_runs",
+    )
+    parent_tool_call = models.ForeignKey(
+        "ToolCall",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="child_runs",
+    )
+    depth = models.PositiveSmallIntegerField(default=0)  # 0: a top-level run
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -296,11 +319,12 @@ class Run(models.Model):
             ),
         ]
         constraints = [
-            # One run per trace in a tenant: OTLP ingest finds a trace's external
-            # run by it, and a native run's trace is never another run's.
+            # One top-level run per trace in a tenant: OTLP ingest finds a
+            # trace's external run by it, and a native run's trace is never
+            # another run's; its sub-agent runs share it (one tree, one trace).
             models.UniqueConstraint(
                 fields=["tenant", "trace_id"],
-                condition=~models.Q(trace_id=""),
+                condition=~models.Q(trace_id="") & models.Q(parent_run__isnull=True),
                 name="one_run_per_trace",
             )
         ]

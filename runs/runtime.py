@@ -32,6 +32,7 @@ from runs.evaluators import evaluator_for
 from runs.model_routing import endpoint_adapter, routed_model
 from runs.models import AgentVersion, ModelEndpoint, Run
 from runs.tools.registry import tool_registry_for
+from runs.tools.subagents import subagent_tools_for
 
 # What an endpoint without a key secret (a local vLLM, Ollama or LM Studio) is
 # sent as its key: the SDKs refuse to build a client with none.
@@ -260,6 +261,16 @@ def runtime_for(
         min_limits(BudgetLimits.from_dict(run.limits), run_ceiling_of(budget)),
         run.limit_extensions,
     )
+    registry = tool_registry_for(
+        version.tools,
+        tenant_id=run.tenant_id,
+        tool_settings=version.tool_settings,
+        skills=skills_from(version.skills),
+    )
+    # Agents as tools: each listed agent of the tenant (runs.services.subagents).
+    for tool in subagent_tools_for(version.subagents, tenant_id=run.tenant_id):
+        if registry.get(tool.name) is None:
+            registry.register(tool)
     return RunRuntime(
         config=AgentConfig(
             name=run.agent.slug,
@@ -272,12 +283,7 @@ def runtime_for(
                 backoff_seconds=settings.RUN_TOOL_RETRY_BACKOFF_SECONDS,
             ),
         ),
-        registry=tool_registry_for(
-            version.tools,
-            tenant_id=run.tenant_id,
-            tool_settings=version.tool_settings,
-            skills=skills_from(version.skills),
-        ),
+        registry=registry,
         model=model_adapter_for(
             version,
             tenant_id=run.tenant_id,

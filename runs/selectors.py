@@ -217,7 +217,9 @@ def run_id_for_trace(*, tenant: Tenant, trace_id: str) -> uuid.UUID | None:
     """The id of the tenant's run of this trace (a trace id names one run in a
     tenant), or None: none yet, or another tenant's."""
     found: uuid.UUID | None = (
-        Run.objects.filter(tenant=tenant, trace_id=trace_id.lower())
+        Run.objects.filter(
+            tenant=tenant, trace_id=trace_id.lower(), parent_run__isnull=True
+        )
         .values_list("id", flat=True)
         .first()
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
@@ -158,6 +159,20 @@ def _budget_attributes(run: Run) -> dict[str, Any]:
     return attributes
 
 
+def subagent_span_id(tool_call_id: Any) -> int:
+    """The span of a call that started a sub-agent run (its root's parent):
+    64 bits of the call's row id, never the call's approval span's."""
+    return ((uuid.UUID(str(tool_call_id)).int & 0xFFFF_FFFF_FFFF_FFFF) ^ 0x5A) or 1
+
+
+def _root_parent(run: Run) -> otel_context.Context:
+    """A top-level run's root has no parent; a sub-agent run's is the span of
+    its parent's call, in the same trace (runs.subagent_spans)."""
+    if run.parent_tool_call_id is None:
+        return otel_context.Context()
+    return _parent_context(_trace_id(run), subagent_span_id(run.parent_tool_call_id))
+
+
 def _root_start(run: Run) -> None:
     # No look first: the first step of a run stores its root; a step that runs
     # step 0 again (after a crash, or a wait before the first model call) finds
@@ -171,7 +186,7 @@ def _root_start(run: Run) -> None:
         # finishes the run; this object is never ended, so never exported.
         tracer().start_span(
             f"invoke_agent {agent.slug}",
-            context=otel_context.Context(),
+            context=_root_parent(run),
             kind=SpanKind.INTERNAL,
             attributes={
                 **_run_attributes(run),

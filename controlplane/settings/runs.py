@@ -34,6 +34,18 @@ RUN_RESERVE_OUTPUT_TOKENS = env.integer(
 RUN_MAX_INPUT_CHARS = env.integer(
     "RUN_MAX_INPUT_CHARS", 20_000, minimum=1, help="Longest run input accepted."
 )
+RUN_SUBAGENT_MAX_DEPTH = env.integer(
+    "RUN_SUBAGENT_MAX_DEPTH",
+    3,
+    minimum=1,
+    help="Deepest chain of sub-agent runs below a top-level run.",
+)
+RUN_SUBAGENT_MAX_CHILDREN = env.integer(
+    "RUN_SUBAGENT_MAX_CHILDREN",
+    20,
+    minimum=1,
+    help="Most sub-agent runs one run may start in all.",
+)
 RUN_LEASE_SECONDS = env.number(
     "RUN_LEASE_SECONDS",
     120.0,

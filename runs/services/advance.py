@@ -144,6 +144,14 @@ from runs.services.steering import (
     steering_queued,
     steering_take,
 )
+from runs.services.subagents import (
+    is_subagent_call,
+    subagent_call_open,
+    subagent_call_step,
+    subagent_run_ended,
+    subagents_running,
+    subagents_wait_check,
+)
 from runs.spans import (
     approval_span_open,
     approval_span_settle,
@@ -589,6 +597,9 @@ def _run_calls(
             remember_loaded(ctx.state.loaded_tools, call.name, stored)
             _record(ctx, row, call, stored, row.status)
             continue
+        if subagent_call_open(call.name, row.status):
+            _delegate(ctx, row, call, rules)
+            continue
         if row.status == ToolCallRow.Status.EXECUTING:
             _recover_interrupted(ctx, row, call)
             continue
@@ -603,7 +614,40 @@ def _run_calls(
             _resume_after_answer(ctx, row, call)
             continue
         _gate_and_run(ctx, row, call, rules)
+    if any(is_subagent_call(call.name) for call in calls):
+        _wait_for_subagents(ctx)
     return list(rows.values())
+
+
+def _delegate(
+    ctx: StepContext, row: ToolCallRow, call: ToolCall, rules: list[Any] | None
+) -> None:
+    """A sub-agent's call (runs.services.subagents): its child starts, or the
+    ended child's outcome (or the gate's refusal) is recorded."""
+    done = subagent_call_step(
+        run=ctx.run, row=row, call=call, gate=lambda: _gate(ctx, call, rules),
+        usage=ctx.state.usage.with_wall_seconds(ctx.elapsed()),
+        limits=ctx.runtime.limits,
+    )  # fmt: skip
+    if done is None:  # its child works
+        return
+    ctx.charge(done.spent)  # the child's spend is its parent's (docs/engine.md)
+    _record(ctx, row, call, done.result, done.status)
+    if done.denied is not None:
+        _finish(ctx, StopReason.POLICY_DENIED, detail=done.denied)
+
+
+def _wait_for_subagents(ctx: StepContext) -> None:
+    """Wait for the step's sub-agent runs, holding no worker; returns when none
+    is running (their outcomes are recorded)."""
+    if not subagents_running(run=ctx.run):
+        return
+    with transaction.atomic():
+        ctx.checkpoint(
+            status=Run.Status.WAITING_SUBAGENTS, step_token=None, lease_owner=""
+        )
+        subagents_wait_check(run=ctx.run)
+    raise StepEnded("waiting")
 
 
 def _gate_and_run(
@@ -1024,6 +1068,7 @@ def _finish(
         # with the outcome: a worker lost after this commit leaks nothing (its
         # root span is ended by tracing's sweep, spans_end_of_finished_runs).
         budget_run_ended(run=ctx.run, reason=reason, dimension=dimension, detail=detail)
+        subagent_run_ended(ctx.run)
     failpoint("after_run_finished")
     run_finished_hooks(run=ctx.run)
     # A message queued while this step was ending it continues the run.

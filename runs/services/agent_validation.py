@@ -23,6 +23,7 @@ from runs.engine.disclosure import is_deferred, skill_problems
 from runs.evaluators import EVALUATORS
 from runs.models import AgentVersion, ModelEndpoint
 from runs.services.guard_config import guardrails_problems, hooks_problems
+from runs.services.subagent_config import subagents_problems
 from runs.tools.egress import CREDENTIALS, NETWORK, egress_settings_errors
 from runs.tools.registry import unknown_tool_refs
 
@@ -175,6 +176,7 @@ def version_config_of(version: AgentVersion) -> dict[str, Any]:
         "guardrails": list(version.guardrails),
         "hooks": list(version.hooks),
         "compaction_threshold": version.compaction_threshold,
+        "subagents": [dict(entry) for entry in version.subagents],
     }
 
 
@@ -198,15 +200,21 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "guardrails": [],
     "hooks": [],
     "compaction_threshold": DEFAULT_COMPACTION_THRESHOLD,
+    "subagents": [],
 }
 REQUIRED_CONFIG = ("name", "endpoint", "model")
 
 
 def agent_config_validate(
-    *, tenant: Tenant, data: Mapping[str, Any], base: Mapping[str, Any] | None = None
+    *,
+    tenant: Tenant,
+    data: Mapping[str, Any],
+    base: Mapping[str, Any] | None = None,
+    agent_slug: str = "",
 ) -> dict[str, Any]:
     """The fields of a new AgentVersion from `data` over `base` (the current
-    configuration, for a partial edit); DefinitionError names every problem."""
+    configuration, for a partial edit); DefinitionError names every problem.
+    `agent_slug`: the agent's, for the sub-agent cycle check."""
     problems = Problems()
     unknown = sorted(set(data) - set(AgentVersion.CONFIG_FIELDS))
     for field in unknown:
@@ -323,6 +331,12 @@ def agent_config_validate(
             f"{MAX_COMPACTION_THRESHOLD} (a share of the model's context window)",
         )
     out["compaction_threshold"] = threshold
+    subagents, why_not = subagents_problems(
+        tenant=tenant, agent_slug=agent_slug, value=merged["subagents"]
+    )
+    for why in why_not:
+        problems.add("subagents", why)
+    out["subagents"] = subagents
     problems.raise_any()
     return out
 

@@ -117,7 +117,7 @@ def agent_create(
     ).exists():
         problems["slug"] = [f"this tenant has an agent {slug!r}"]
     try:
-        fields = agent_config_validate(tenant=tenant, data=config)
+        fields = agent_config_validate(tenant=tenant, data=config, agent_slug=str(slug))
     except DefinitionError as invalid:
         raise DefinitionError({**problems, **invalid.fields}) from None
     if problems:
@@ -167,7 +167,10 @@ def agent_update(
         raise DefinitionError({"agent": ["this agent records runs sent over OTLP"]})
     base = version_config_of(current)
     fields = agent_config_validate(
-        tenant=agent.tenant, data=config, base=base if partial else None
+        tenant=agent.tenant,
+        data=config,
+        base=base if partial else None,
+        agent_slug=agent.slug,
     )
     if _same(fields, base):
         return None
@@ -206,7 +209,9 @@ def agent_version_restore(
     old = agent.versions.select_related("endpoint", "fallback_endpoint").get(
         number=number
     )
-    fields = agent_config_validate(tenant=agent.tenant, data=version_config_of(old))
+    fields = agent_config_validate(
+        tenant=agent.tenant, data=version_config_of(old), agent_slug=agent.slug
+    )
     current = agent.current_version
     version = _version_create(agent=agent, fields=fields, actor=actor)
     _audit(

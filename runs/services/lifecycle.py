@@ -37,6 +37,7 @@ from runs.runtime import effective_limits
 from runs.services.admission import budget_admit_run, run_slot_claim, runs_start_queued
 from runs.services.dispatch import finished_hooks_on_commit, step_enqueue
 from runs.services.session import session_log_flush
+from runs.services.subagent_wake import subagent_child_ended
 
 logger = logging.getLogger(__name__)
 
@@ -362,6 +363,7 @@ def run_end_unheld(
         **fields,
     )
     run.refresh_from_db()
+    subagent_child_ended(run)  # its parent may go on
     finished_hooks_on_commit(run)
 
 
@@ -384,6 +386,7 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
         # The worker in the step stops at its next phase boundary. The version
         # stays: bumping it would make the worker's next write lose its lease,
         # and the run would wait out the lease before anything cancelled it.
+        # (Its sub-agent runs are cancelled when the step ends it.)
         Run.objects.filter(id=locked.id).update(cancel_requested=True)
         locked.refresh_from_db()
         return locked
@@ -395,11 +398,30 @@ def run_cancel(*, run: Run, actor: User | None) -> Run:
         note="the run was cancelled",
         cancel_requested=True,
     )
+    # After the commit, each in its own transaction: a child ending meanwhile
+    # locks its row, then its parent's; this order never inverts that.
+    transaction.on_commit(lambda: run_children_cancel(locked, actor=actor))
     # Its slot frees now; the budget row before the counters (the ledger's lock
     # order: both stay locked until this transaction commits).
     runs_start_queued(tenant_id=locked.tenant_id)
     budget_release_for_run(run_id=locked.id)
     return locked
+
+
+def run_children_cancel(run: Run, *, actor: User | None) -> int:
+    """The run ended: cancel its sub-agent runs that have not (and theirs, in
+    turn); its calls waiting on them are cancelled. Returns how many."""
+    ToolCall.objects.filter(
+        run=run, status=ToolCall.Status.EXECUTING, child_runs__isnull=False
+    ).update(status=ToolCall.Status.CANCELLED, finished_at=timezone.now())
+    cancelled = 0
+    for child in Run.objects.filter(parent_run=run).exclude(status__in=Run.TERMINAL):
+        try:
+            run_cancel(run=child, actor=actor)
+            cancelled += 1
+        except RunConflict:  # it ended meanwhile
+            continue
+    return cancelled
 
 
 def _lease_alive(run: Run) -> bool:

@@ -29,6 +29,7 @@ from runs.tools.mcp import (
 from runs.tools.memory import MEMORY_TOOL
 from runs.tools.run_code import RUN_CODE_TOOL, run_code_tool
 from runs.tools.shop import SHOP_TOOLS, create_replacement
+from runs.tools.subagents import subagent_contracts_of
 
 BUILTIN_TOOLS: dict[str, Tool] = {
     tool.name: tool
@@ -121,8 +122,10 @@ def unknown_tool_refs(refs: Iterable[str], *, tenant_id: Any) -> list[str]:
 
 def tool_contracts_for(*, tenant_id: Any) -> dict[str, ToolContract]:
     """Every contract a tenant's tool calls may have, by model-visible name: the
-    built-in tools' and the tenant's usable MCP tools' (a built-in name wins)."""
+    built-in tools', the tenant's usable MCP tools' (a built-in name wins) and
+    its agents' as sub-agents (`agent__<slug>`)."""
     return {
+        **subagent_contracts_of(tenant_id=tenant_id),
         **mcp_contracts_of(tenant_id=tenant_id),
         **{name: tool.contract for name, tool in BUILTIN_TOOLS.items()},
     }

@@ -4,7 +4,7 @@
 import { showFieldErrors } from "./api.js";
 
 const LINES = ["tools", "evaluated_models"];
-const JSON_FIELDS = { skills: [], tool_settings: {}, default_limits: {}, script: [], guardrails: [], hooks: [] };
+const JSON_FIELDS = { skills: [], tool_settings: {}, default_limits: {}, script: [], guardrails: [], hooks: [], subagents: [] };
 const TEXT = ["slug", "name", "endpoint", "model", "fallback_model", "system_prompt", "evaluator"];
 
 // The body the API takes, or null when a JSON field does not parse (its error

@@ -83,6 +83,7 @@ function pendingCard(a, i) {
       el("code", { class: "tool", text: label }),
       el("a", { href: ofRun ? `/runs/${a.run}/` : `/runs/${a.run}/#call=${encodeURIComponent(a.tool_call_id)}`, text: `run ${a.run.slice(0, 8)} → trace` }),
       el("span", { class: "agent-name", text: a.agent }),
+      a.parent_run ? el("a", { class: "parent-run", href: `/runs/${a.parent_run}/`, text: `sub-agent of run ${a.parent_run.slice(0, 8)}` }) : null,
       el("span", { class: "muted small", text: `requested ${when(a.requested_at)}` }),
       el("span", { class: "left", "data-expires": a.expires_at, text: timeLeft(a.expires_at) })),
     ...context(a),

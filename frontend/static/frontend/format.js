@@ -1,7 +1,7 @@
 // Formatting shared by the pages: status icon + word (never colour alone), times, money.
 
 const STATUS = {
-  queued: ["◷", "queued"], running: ["⟳", "running"], waiting_approval: ["‖", "waiting for approval"], waiting_input: ["?", "waiting for an answer"],
+  queued: ["◷", "queued"], running: ["⟳", "running"], waiting_approval: ["‖", "waiting for approval"], waiting_input: ["?", "waiting for an answer"], waiting_subagents: ["⋯", "waiting for its sub-agents"],
   succeeded: ["✓", "succeeded"], failed: ["✕", "failed"], unverified: ["?", "unverified"],
   budget_exhausted: ["$", "budget exhausted"], policy_blocked: ["⊗", "policy blocked"],
   cancelled: ["⊘", "cancelled"], ok: ["✓", "ok"], error: ["✕", "error"], unset: ["•", "done"],

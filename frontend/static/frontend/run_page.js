@@ -279,6 +279,7 @@ function renderRun() {
     ["Duration", duration(since(run.started_at, end))], ["Steps", run.steps], ["Tool calls", run.tool_calls],
     ["Tokens", `${tokens(run.input_tokens)} in / ${tokens(run.output_tokens)} out`], ["Cost", money(run.cost)],
   ];
+  if (run.parent_run) facts.push(["Sub-agent of", el("a", { href: `/runs/${run.parent_run}/`, "data-testid": "run-parent", text: `run ${run.parent_run.slice(0, 8)} (call ${run.parent_call_id || "–"})` }), "run-parent-fact"]);
   if (run.end_user) facts.push(["End user", el("a", { href: `/end-users/${encodeURIComponent(run.end_user)}/`, "data-testid": "run-end-user", text: run.end_user }), "run-end-user-fact"]);
   if (run.stop_reason) facts.push(["Stop reason", `${stopReasonLabel(run.stop_reason)}${run.stop_detail ? ` — ${run.stop_detail}` : ""}`]);
   if (run.verdict) facts.push(["Outcome", outcomeText(), "run-verdict"]);
@@ -399,6 +400,7 @@ function applyEvent(event) {
     if (firstEvent(event) && node.children && (!known || node.children.length === 0)) {
       node.expanded = true;
     }
+    loadSubagent(node);
     if (view.selectedId === node.id) selectSpan(node, { refetch: type !== "span.started" });
     if (type !== "span.started" && (event.payload.attributes || {})["cp.approval.status"]) loadApprovalsSoon();
     view.schedule();
@@ -415,6 +417,38 @@ function applyEvent(event) {
   refreshRun();
 }
 const loadApprovalsSoon = throttle(loadApprovals, 250);
+
+// ---- sub-agent runs -----------------------------------------------------------------
+// A call that started a sub-agent run names it (cp.subagent.run_id): the child's
+// spans, from its own run's log, join the tree under the call (its root's
+// parent is the call's span: one trace). Loaded when the call starts and again
+// when it ends; a grandchild's run joins the same way.
+
+const subagentRuns = new Map(); // child run id -> "running" | "ended" (what was loaded)
+
+async function loadSubagent(node) {
+  const child = (node.s.attributes || {})["cp.subagent.run_id"];
+  if (!child) return;
+  const phase = node.s.ended_at ? "ended" : "running";
+  if (subagentRuns.get(child) === "ended" || subagentRuns.get(child) === phase) return;
+  subagentRuns.set(child, phase);
+  try {
+    const events = rowsOf(await api(`/api/v1/runs/${child}/events/?after_seq=0&limit=1000`));
+    for (const event of events) {
+      const type = event.type || "";
+      if (type !== "span.started" && type !== "span.ended" && type !== "span.abandoned") continue;
+      const span = model.upsert(event.payload, { complete: firstEvent(event) });
+      if (firstEvent(event) && span.children) span.expanded = true;
+      loadSubagent(span);
+    }
+    node.expanded = true;
+    model.version += 1;
+    view.schedule();
+  } catch (error) {
+    subagentRuns.delete(child);
+    flash(`Could not load the sub-agent run ${child.slice(0, 8)}: ${error.message}`);
+  }
+}
 
 // ---- span detail panel ----------------------------------------------------------
 
@@ -537,6 +571,8 @@ try {
   flash(`Could not load the trace: ${error.message}`);
 }
 await header;
+// Sub-agent runs the loaded calls started join the tree (in the background).
+for (const node of [...model.nodes.values()]) loadSubagent(node);
 perf.loaded = performance.now();
 view.schedule();
 renderBanner();

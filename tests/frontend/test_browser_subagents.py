@@ -1,0 +1,137 @@
+"""Sub-agents as a person sees them in real Chromium (a real worker runs the
+tree): the parent's run page shows the child run's spans inside the trace,
+under the call that started it, and the child's answer there; the inbox card of
+an approval inside a child says which parent run it serves."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from runs.models import Run
+from runs.services import run_cancel, run_start
+from tests.agents import make_agent
+from tests.conftest import wait_for
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.worker,
+    pytest.mark.usefixtures("runs_settle_before_flush"),
+]
+
+ANSWER = "Order 4821 shipped on 2 May; the carrier is DHL."
+
+
+def settled(run: Run, timeout: float = 60) -> Run:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.is_terminal:
+            return run
+        time.sleep(0.1)
+    raise AssertionError(f"run {run.id} still {run.status}")
+
+
+def test_the_childs_answer_shows_in_the_tree_under_the_calling_span(
+    tenant: Any, operator_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    make_agent(tenant, "researcher", script=[{"text": ANSWER}])
+    make_agent(
+        tenant, "lead", subagents=["researcher"],
+        script=[{"tool_calls": [{"id": "call_r", "name": "agent__researcher",
+                                 "arguments": {"task": "When did 4821 ship?"}}]},
+                {"text": "It shipped on 2 May."}],
+    )  # fmt: skip
+    parent = settled(run_start(tenant=tenant, agent_slug="lead", input="Where?",
+                               started_by=operator_user))  # fmt: skip
+    assert parent.final_answer == "It shipped on 2 May.", parent.stop_detail
+
+    page = open_page(operator_user, f"/runs/{parent.id}/")
+    call = page.locator(".trow", has_text="execute_tool agent__researcher")
+    expect(call).to_have_count(1)
+    child_root = page.locator(".trow", has_text="invoke_agent researcher")
+    expect(child_root).to_have_count(1)
+    level = int(call.get_attribute("aria-level") or 0)
+    expect(child_root).to_have_attribute("aria-level", str(level + 1))
+    # Right below the calling span's row, one level deeper: its child.
+    call_index = int(call.get_attribute("data-index") or -1)
+    assert int(child_root.get_attribute("data-index") or -1) == call_index + 1
+    child_root.click()
+    expect(page.locator("#detail")).to_contain_text(ANSWER)
+    # The child's own spans are there too: the parent's two model calls and
+    # the child's one.
+    expect(page.locator(".trow", has_text="chat scripted")).to_have_count(3)
+    # The child's own page names the run it serves.
+    child = Run.objects.get(parent_run=parent)
+    page.goto(f"/runs/{child.id}/")
+    expect(page.get_by_test_id("run-parent")).to_have_text(
+        f"run {str(parent.id)[:8]} (call call_r)"
+    )
+
+
+def test_an_approval_inside_a_child_names_the_parent_it_serves(
+    tenant: Any, operator_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    make_agent(
+        tenant, "writer", tools=["echo"],
+        tool_settings={"echo": {"approval": "always"}},
+        script=[{"tool_calls": [{"id": "e1", "name": "echo",
+                                 "arguments": {"text": "hi"}}]},
+                {"text": "said hi"}],
+    )  # fmt: skip
+    make_agent(
+        tenant, "lead", subagents=["writer"],
+        script=[{"tool_calls": [{"id": "call_w", "name": "agent__writer",
+                                 "arguments": {"task": "Say hi."}}]},
+                {"text": "done"}],
+    )  # fmt: skip
+    parent = run_start(tenant=tenant, agent_slug="lead", input="Go",
+                       started_by=operator_user)  # fmt: skip
+    child = wait_for(
+        lambda: Run.objects.filter(
+            parent_run=parent, status="waiting_approval"
+        ).first(),
+        timeout=60,
+        what="the child waits for an approval",
+    )
+    try:
+        page = open_page(operator_user, "/approvals/")
+        card = page.locator("li[data-approval]", has_text=f"run {str(child.id)[:8]}")
+        expect(card).to_have_count(1)
+        expect(card).to_contain_text(f"sub-agent of run {str(parent.id)[:8]}")
+        expect(card.locator("a.parent-run")).to_have_attribute(
+            "href", f"/runs/{parent.id}/"
+        )
+    finally:
+        run_cancel(run=parent, actor=operator_user)
+
+
+def test_the_agent_form_edits_sub_agents_and_names_a_bad_one(
+    tenant: Any, admin_user: Any, open_page: Any
+) -> None:
+    make_agent(tenant, "researcher", script=[{"text": ANSWER}])
+    lead = make_agent(tenant, "lead", subagents=["researcher"])
+    page = open_page(admin_user, f"/agents/{lead.id}/")
+    form = page.locator("#agent-form")
+    form.get_by_text("Sub-agents", exact=True).click()
+    field = form.get_by_label("Sub-agents (JSON list)")
+    expect(field).to_have_value('[\n  {\n    "agent": "researcher",\n'
+                                '    "description": ""\n  }\n]')  # fmt: skip
+    field.fill('["researcher", "lead"]')
+    page.get_by_role("button", name="Save as a new version").click()
+    expect(page.locator("#agent-subagents-error")).to_contain_text(
+        "may not list itself"
+    )
+    assert lead.versions.count() == 1
+    # An edit of another field keeps the list.
+    field.fill('[{"agent": "researcher", "description": "Looks orders up."}]')
+    form.get_by_label("Model", exact=True).fill("scripted-2")
+    page.get_by_role("button", name="Save as a new version").click()
+    expect(page.locator("#agent-title")).to_contain_text("v2")
+    version = lead.versions.get(number=2)
+    assert version.subagents == [
+        {"agent": "researcher", "description": "Looks orders up."}
+    ]
