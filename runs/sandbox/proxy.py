@@ -55,6 +55,8 @@ _METADATA = {
 }
 _MAX_HEAD = 16384
 MAX_LOG_ENTRIES = 200
+# How long stop() lets connections forward what the ended sandbox sent last.
+DRAIN_SECONDS = 1.0
 
 
 def default_resolver(host: str, port: int) -> list[str]:
@@ -145,6 +147,8 @@ class EgressProxy:
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._open: set[socket.socket] = set()
+        # Set when a connection has read all the sandbox sent (or ended).
+        self._drained: set[threading.Event] = set()
         self._stopping = False
 
     @property
@@ -173,6 +177,14 @@ class EgressProxy:
             with contextlib.suppress(OSError):
                 self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
+        # The sandbox is gone: what it wrote last still sits in its sockets.
+        # Let each relay read and forward it (so the log counts it) before the
+        # sockets are shut, for a bounded time.
+        deadline = time.monotonic() + DRAIN_SECONDS
+        with self._lock:
+            draining = list(self._drained)
+        for drained in draining:
+            drained.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
             for sock in list(self._open):
                 with contextlib.suppress(OSError):
@@ -251,6 +263,9 @@ class EgressProxy:
 
     def _serve(self, client: socket.socket) -> None:
         self._track(client)
+        drained = threading.Event()
+        with self._lock:
+            self._drained.add(drained)
         upstream: socket.socket | None = None
         entry: dict[str, Any] = {"connect_attempted": False}
         try:
@@ -319,9 +334,9 @@ class EgressProxy:
             if first:
                 upstream.sendall(first)
             if isinstance(upstream, ssl.SSLSocket):
-                sent, received = _relay_one_thread(client, upstream)
+                sent, received = _relay_one_thread(client, upstream, drained)
             else:
-                sent, received = _relay(client, upstream)
+                sent, received = _relay(client, upstream, drained)
             entry.update(bytes_out=len(first) + sent, bytes_in=received)
         except _BadRequest as exc:
             entry.update(decision="deny", reason=str(exc))
@@ -342,6 +357,9 @@ class EgressProxy:
                     )
         finally:
             self._record(entry)
+            drained.set()
+            with self._lock:
+                self._drained.discard(drained)
             for sock in (client, upstream):
                 if sock is not None:
                     with self._lock:
@@ -457,8 +475,11 @@ def _response(code: int, message: str) -> bytes:
     ).encode() + body
 
 
-def _relay(a: socket.socket, b: socket.socket) -> tuple[int, int]:
-    """Copy both ways until both ends close; (bytes a->b, bytes b->a)."""
+def _relay(
+    a: socket.socket, b: socket.socket, a_drained: threading.Event
+) -> tuple[int, int]:
+    """Copy both ways until both ends close; (bytes a->b, bytes b->a).
+    `a_drained` is set once a has nothing more to send."""
     counted = [0, 0]
 
     def one_way(src: socket.socket, dst: socket.socket, slot: int) -> None:
@@ -478,12 +499,13 @@ def _relay(a: socket.socket, b: socket.socket) -> tuple[int, int]:
     other = threading.Thread(target=one_way, args=(b, a, 1), daemon=True)
     other.start()
     one_way(a, b, 0)
+    a_drained.set()
     other.join()
     return counted[0], counted[1]
 
 
 def _relay_one_thread(
-    client: socket.socket, upstream: ssl.SSLSocket
+    client: socket.socket, upstream: ssl.SSLSocket, client_drained: threading.Event
 ) -> tuple[int, int]:
     """Like _relay, for a TLS upstream: one thread, since an SSL object must not be
     read and written from two threads at once, and no half-close of the TLS side
@@ -513,6 +535,7 @@ def _relay_one_thread(
             data = client.recv(65536)
             if not data:
                 client_open = False
+                client_drained.set()
                 continue
             upstream.sendall(data)
             sent += len(data)
