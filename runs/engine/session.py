@@ -21,7 +21,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runs.engine.adapters import ModelError
 from runs.engine.transcript import Transcript
 
 MESSAGE = "message"
@@ -270,25 +269,6 @@ SUMMARY_INSTRUCTIONS = (
     "ids, amounts, dates), decisions made, and the open items still to do. "
     "Reply with the summary only; do not call tools."
 )
-
-
-# How providers say the prompt is longer than the model's window.
-_OVERFLOW_KINDS = frozenset({"context_overflow", "context_length_exceeded"})
-_OVERFLOW_WORDS = (
-    "context_length_exceeded",
-    "maximum context length",
-    "context window",
-    "prompt is too long",
-    "too many tokens",
-)
-
-
-def is_context_overflow(error: ModelError) -> bool:
-    """Whether a failed model call failed because its input was too long."""
-    if error.kind in _OVERFLOW_KINDS:
-        return True
-    message = error.message.lower()
-    return any(words in message for words in _OVERFLOW_WORDS)
 
 
 def estimate_tokens(messages: Sequence[Mapping[str, Any]]) -> int:

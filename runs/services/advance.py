@@ -62,7 +62,6 @@ from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.evaluator import EvaluationSubject, run_evaluator
 from runs.engine.loop import EngineState
 from runs.engine.policy import PolicyContext
-from runs.engine.session import is_context_overflow
 from runs.engine.step import (
     CallGate,
     GateVerdict,
@@ -472,7 +471,7 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
             usage=state.usage,
             limits=runtime.limits,
         )
-        if isinstance(reply, ModelError) and not retried and is_context_overflow(reply):
+        if isinstance(reply, ModelError) and not retried and reply.is_context_overflow:
             # The provider counts better than the estimate: compact once, and ask
             # again (a second overflow is the run's model error).
             retried = True

@@ -7,6 +7,16 @@ from typing import Any, Protocol
 
 from runs.engine.actions import ModelReply
 
+# How providers say the prompt is longer than the model's window.
+_OVERFLOW_KINDS = frozenset({"context_overflow", "context_length_exceeded"})
+_OVERFLOW_WORDS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "context window",
+    "prompt is too long",
+    "too many tokens",
+)
+
 
 class ModelError(Exception):
     """A model call failed for good (after any retries the adapter makes)."""
@@ -31,6 +41,14 @@ class ModelError(Exception):
         self.retryable = retryable
         # Which endpoints were tried and the state of their circuits (breaker.py).
         self.routing = dict(routing) if routing else None
+
+    @property
+    def is_context_overflow(self) -> bool:
+        """Whether the call failed because its input was too long."""
+        if self.kind in _OVERFLOW_KINDS:
+            return True
+        message = self.message.lower()
+        return any(words in message for words in _OVERFLOW_WORDS)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
