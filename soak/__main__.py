@@ -104,6 +104,9 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    # Explicitly for SIGINT too: started from a background job, the harness
+    # inherits SIGINT ignored, and Ctrl-C (or a test's SIGINT) would not stop it.
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     topology = Topology(keep=args.keep, say=say)
     say(f"soak: working directory {topology.workdir} (run id {topology.run_id})")
