@@ -305,6 +305,9 @@ async def stream_read(secret: str, tenant: Any) -> bool:
         "type": "websocket.close",
         "code": frame["code"],
     }
+    # As a server does after a close: the consumer hears the disconnect and
+    # ends here, not as a task the event loop's teardown must cancel.
+    await ws.disconnect()
     return False
 
 
