@@ -377,11 +377,18 @@ class RunListApi(APIView):
         return Response(RunDetailSerializer(found).data, status=status.HTTP_201_CREATED)
 
 
-def _run_or_404(request: Request, run_id: str) -> Run:
+def run_or_404(request: Request, run_id: str) -> Run:
+    """The request's tenant's run, or a 404 (also for another tenant's)."""
     run = selectors.run_get_for(tenant=tenant_of(request).tenant, run_id=run_id)
     if run is None:
         raise NotFound("No such run in this tenant.")
     return run
+
+
+def run_conflict_response(exc: services.RunConflict) -> Response:
+    """409 naming why, with the run as it is (RunConflictSerializer)."""
+    body = {"code": "conflict", "message": str(exc), "run": RunSerializer(exc.run).data}
+    return Response({"error": body}, status=status.HTTP_409_CONFLICT)
 
 
 class DeletedSerializer(serializers.Serializer[Any]):
@@ -408,7 +415,7 @@ class RunDetailApi(APIView):
 
     @extend_schema(responses=RunDetailSerializer)
     def get(self, request: Request, run_id: str) -> Response:
-        return Response(RunDetailSerializer(_run_or_404(request, run_id)).data)
+        return Response(RunDetailSerializer(run_or_404(request, run_id)).data)
 
     @extend_schema(
         request=None,
@@ -419,7 +426,7 @@ class RunDetailApi(APIView):
         "ledger rows are billing records and are kept.",
     )
     def delete(self, request: Request, run_id: str) -> Response:
-        run = _run_or_404(request, run_id)
+        run = run_or_404(request, run_id)
         try:
             deleted = run_delete(
                 run=run,
@@ -429,16 +436,7 @@ class RunDetailApi(APIView):
         except Run.DoesNotExist:
             raise NotFound("No such run in this tenant.") from None
         except services.RunConflict as exc:
-            return Response(
-                {
-                    "error": {
-                        "code": "conflict",
-                        "message": str(exc),
-                        "run": RunSerializer(exc.run).data,
-                    }
-                },
-                status=status.HTTP_409_CONFLICT,
-            )
+            return run_conflict_response(exc)
         return Response({"id": str(run.id), "deleted": deleted.as_dict()})
 
 
@@ -449,20 +447,11 @@ class RunCancelApi(APIView):
         request=None, responses={200: RunSerializer, 409: RunConflictSerializer}
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = _run_or_404(request, run_id)
+        run = run_or_404(request, run_id)
         try:
             run = services.run_cancel(run=run, actor=tenant_of(request).user)
         except services.RunConflict as exc:
-            return Response(
-                {
-                    "error": {
-                        "code": "conflict",
-                        "message": str(exc),
-                        "run": RunSerializer(exc.run).data,
-                    }
-                },
-                status=status.HTTP_409_CONFLICT,
-            )
+            return run_conflict_response(exc)
         return Response(RunSerializer(run).data)
 
 

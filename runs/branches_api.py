@@ -15,10 +15,13 @@ from rest_framework.views import APIView
 
 from controlplane.permissions import Action, Gate
 from controlplane.tenancy import tenant_of
-from runs import selectors
-from runs.api import RunConflictSerializer, RunSerializer
+from runs.api import (
+    RunConflictSerializer,
+    RunSerializer,
+    run_conflict_response,
+    run_or_404,
+)
 from runs.branch_selectors import run_branches_for
-from runs.models import Run
 from runs.services.branches import (
     MAX_EDIT_CHARS,
     BranchRefused,
@@ -88,18 +91,6 @@ class BranchSerializer(serializers.Serializer[Any]):
     current = serializers.BooleanField(help_text="the run the request named")
 
 
-def _run_or_404(request: Request, run_id: str) -> Run:
-    run = selectors.run_get_for(tenant=tenant_of(request).tenant, run_id=run_id)
-    if run is None:
-        raise NotFound("No such run in this tenant.")
-    return run
-
-
-def _conflict(exc: RunConflict) -> Response:
-    body = {"code": "conflict", "message": str(exc), "run": RunSerializer(exc.run).data}
-    return Response({"error": body}, status=status.HTTP_409_CONFLICT)
-
-
 class RunRetryApi(APIView):
     gate: Gate = {"POST": Action.RUN_START}
 
@@ -107,11 +98,11 @@ class RunRetryApi(APIView):
         request=None, responses={201: RunSerializer, 409: RunConflictSerializer}
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = _run_or_404(request, run_id)
+        run = run_or_404(request, run_id)
         try:
             branch = run_retry(run=run, actor=tenant_of(request).user)
         except RunConflict as exc:
-            return _conflict(exc)
+            return run_conflict_response(exc)
         return Response(RunSerializer(branch).data, status=status.HTTP_201_CREATED)
 
 
@@ -123,7 +114,7 @@ class RunForkApi(APIView):
         responses={201: RunSerializer, 409: RunConflictSerializer},
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = _run_or_404(request, run_id)
+        run = run_or_404(request, run_id)
         body = ForkSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -140,7 +131,7 @@ class RunForkApi(APIView):
         except BranchRefused as refused:
             raise ValidationError({refused.field: [refused.message]}) from refused
         except RunConflict as exc:
-            return _conflict(exc)
+            return run_conflict_response(exc)
         return Response(RunSerializer(branch).data, status=status.HTTP_201_CREATED)
 
 

@@ -18,7 +18,7 @@ from controlplane.api_input import remote_addr
 from controlplane.permissions import Action, Gate
 from controlplane.redaction import RedactedCharField
 from controlplane.tenancy import tenant_of
-from runs.api import RunConflictSerializer, RunSerializer
+from runs.api import RunConflictSerializer, run_conflict_response
 from runs.engine.steering import MAX_STEERING_CHARS
 from runs.models import Run, RunMessage
 from runs.services.lifecycle import RunConflict, RunInputError
@@ -109,16 +109,7 @@ class RunMessagesApi(APIView):
         except RunInputError as exc:
             raise ValidationError({exc.field: [str(exc)]}) from exc
         except RunConflict as exc:
-            return Response(
-                {
-                    "error": {
-                        "code": "conflict",
-                        "message": str(exc),
-                        "run": RunSerializer(exc.run).data,
-                    }
-                },
-                status=status.HTTP_409_CONFLICT,
-            )
+            return run_conflict_response(exc)
         return Response(
             RunMessageSerializer(sent).data, status=status.HTTP_202_ACCEPTED
         )
