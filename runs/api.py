@@ -29,6 +29,7 @@ from controlplane.permissions import Action, Gate
 from controlplane.redaction import RedactedCharField, RedactedJSONField
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
+from runs.branch_selectors import recovery_links
 from runs.engine.contracts import TOOL_NAME_PATTERN
 from runs.engine.evaluator import verdict_of
 from runs.engine.stop import StopReason
@@ -99,6 +100,10 @@ class RunSerializer(serializers.Serializer[Any]):
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
+    # Complete: ended, its run_finished hooks ran and nothing goes on for it (a
+    # recovery branch, a queued follow-up). An ended run reads "finishing" until.
+    settled = serializers.BooleanField(source="is_settled")
+    settled_at = serializers.DateTimeField(allow_null=True)
     budget = serializers.SerializerMethodField()
     # A finished run's outcome in words: {"verdict": passed | failed | unverified
     # | none, "reason": ...}; null while the run goes on.
@@ -124,6 +129,16 @@ class RunDetailSerializer(RunSerializer):
         source="parent_tool_call.call_id", allow_null=True, default=None
     )
     depth = serializers.IntegerField()
+    # A run whose model call overflowed the window goes on in a recovery branch
+    # (runs.services.settle): its id here, and on that branch the run it recovers.
+    recovery_run = serializers.SerializerMethodField()
+    recovers = serializers.SerializerMethodField()
+
+    def get_recovery_run(self, run: Run) -> str | None:
+        return recovery_links(run_id=run.id)[0]
+
+    def get_recovers(self, run: Run) -> str | None:
+        return recovery_links(run_id=run.id)[1]
 
 
 class RunConflictDetailSerializer(ErrorDetailSerializer):

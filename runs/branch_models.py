@@ -23,6 +23,9 @@ class SessionBranch(models.Model):
         ROOT = "root"  # the session's first run
         RETRY = "retry"
         FORK = "fork"
+        # Made by the host, not a person: the run's model call overflowed the
+        # window, and the branch compacts and asks again (runs.services.settle).
+        RECOVERY = "recovery"
 
     run = models.OneToOneField(
         "runs.Run", on_delete=models.CASCADE, primary_key=True, related_name="branch"

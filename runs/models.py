@@ -284,6 +284,10 @@ class Run(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # When the ended run settled: its run_finished hooks ran and nothing goes on
+    # for it automatically (a recovery branch still running, a follow-up queued
+    # while it ended); a run reads "complete" only then (runs/services/settle.py).
+    settled_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
     # What the overview's hourly rollups hold for this run (runs/rollups.py):
     # pending until an ended run is counted there, and again when an external
@@ -335,6 +339,10 @@ class Run(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL
+
+    @property
+    def is_settled(self) -> bool:
+        return self.settled_at is not None
 
 
 class Step(models.Model):

@@ -23,8 +23,10 @@ from runs.services.gate_webhooks import gate_webhook_deliver, gate_webhooks_due
 from runs.services.guards import run_finished_hooks_of_ended
 from runs.services.mcp import mcp_stdio_listing_reply
 from runs.services.questions import questions_expire
+from runs.services.recovery import runs_settle_stranded
 from runs.services.retention import retention_sweep
 from runs.services.rollups import runs_roll_up_all
+from runs.services.settle import run_settle
 from runs.spans import spans_end_of_finished_runs
 from tracing.ingest import log_messages_expire
 from tracing.store import spans_abandon_expired
@@ -96,9 +98,16 @@ def eval_runs_sweep_task() -> int:
 
 @shared_task(acks_late=False)
 def run_finished_hooks_task(*, run_id: str) -> bool:
-    """The lifecycle hooks of a run that ended outside a step (at most once:
-    they annotate, they cannot block)."""
-    return run_finished_hooks_of_ended(run_id=run_id)
+    """The lifecycle hooks of a run that ended outside a step (they annotate,
+    they cannot block); the run settles after them."""
+    ran = run_finished_hooks_of_ended(run_id=run_id)
+    return run_settle(run_id=run_id) if ran else False
+
+
+@shared_task
+def runs_settle_stranded_task() -> int:
+    """Settle the ended runs whose worker was lost while ending them."""
+    return runs_settle_stranded()
 
 
 @shared_task

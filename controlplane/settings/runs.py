@@ -104,6 +104,17 @@ CELERY_BEAT_SCHEDULE["runs-recover-stalled"] = {
     "task": "runs.tasks.recover_stalled_runs_task",
     "schedule": RUN_RECOVERY_INTERVAL_SECONDS,
 }
+RUN_SETTLE_GRACE_SECONDS = env.number(
+    "RUN_SETTLE_GRACE_SECONDS",
+    120.0,
+    minimum=10.0,
+    help="An ended run not settled this long after its end lost the worker that "
+    "was ending it: a sweep runs its run_finished hooks and settles it.",
+)
+CELERY_BEAT_SCHEDULE["runs-settle-stranded"] = {
+    "task": "runs.tasks.runs_settle_stranded_task",
+    "schedule": 30.0,
+}
 EVAL_SWEEP_INTERVAL_SECONDS = env.number(
     "EVAL_SWEEP_INTERVAL_SECONDS",
     10.0,

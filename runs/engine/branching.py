@@ -35,6 +35,7 @@ BRANCH_SEQ_SHIFT = 24
 MAX_BRANCHES = 255
 RETRY = "retry"
 FORK = "fork"
+RECOVERY = "recovery"
 
 
 class BranchRefused(ValueError):
@@ -52,8 +53,9 @@ def first_seq_of(number: int) -> int:
 
 @dataclass(frozen=True)
 class BranchPoint:
-    """Where the new branch continues (`after`, an entry of the path) and the
-    fork's edit: the entry whose message it replaces, and the message."""
+    """Where the new branch continues (`after`, an entry of the path) and its
+    edit: the entry whose message it replaces (a fork's), with the message; or,
+    with no message, the entry it removes from its context (a recovery's)."""
 
     after: str
     target: str | None = None
@@ -208,6 +210,8 @@ def branch_state(
             CONTEXT_EDIT,
             {"target": point.target, "action": "replace", "message": point.message},
         )
+    elif point.target is not None:
+        cursor.append(CONTEXT_EDIT, {"target": point.target, "action": "remove"})
     made = list(cursor.unwritten)
     rebuilt = context_entries({**entries, **{e.entry_id: e for e in made}}, cursor.leaf)
     cursor.entry_ids = [entry_id for entry_id, _ in rebuilt]

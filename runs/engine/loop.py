@@ -102,13 +102,13 @@ class EngineState:
     # Where the run's session log stands (runs.engine.session): the transcript
     # above is the context the log rebuilds to from `session.leaf`.
     session: SessionCursor = field(default_factory=SessionCursor)
-    # Compactions of the context so far; model calls that failed as too long
-    # and were retried after one (a scripted model's script used a reply).
-    compactions: int = 0
-    overflow_retries: int = 0
+    compactions: int = 0  # of the context so far
     # Model replies used before this run by the runs it branches from (a retry
     # or fork, runs.engine.branching): a scripted model goes on from there.
     replies_before: int = 0
+    # A recovery branch (runs.services.settle): its first model call compacts
+    # first, as a call that overflowed the window on the run it recovers asks.
+    recover_overflow: bool = False
 
     @classmethod
     def start(cls, config: AgentConfig, user_input: str) -> EngineState:
@@ -141,10 +141,10 @@ class EngineState:
             data["session"] = self.session.to_dict()
         if self.compactions:
             data["compactions"] = self.compactions
-        if self.overflow_retries:
-            data["overflow_retries"] = self.overflow_retries
         if self.replies_before:
             data["replies_before"] = self.replies_before
+        if self.recover_overflow:
+            data["recover_overflow"] = True
         return data
 
     def to_json(self, data: Mapping[str, Any] | None = None) -> str:
@@ -174,8 +174,8 @@ class EngineState:
             loaded_tools=[str(name) for name in data.get("loaded_tools") or []],
             session=SessionCursor.from_dict(data.get("session")),
             compactions=int(data.get("compactions", 0)),
-            overflow_retries=int(data.get("overflow_retries", 0)),
             replies_before=int(data.get("replies_before", 0)),
+            recover_overflow=bool(data.get("recover_overflow", False)),
         )
 
 

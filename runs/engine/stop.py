@@ -28,6 +28,9 @@ class StopReason(StrEnum):
     HOOK_BLOCKED = "hook_blocked"
     HOOK_FAILED = "hook_failed"
     MODEL_ERROR = "model_error"
+    # The model call was too long for the window: this run ends `failed`, and a
+    # recovery branch compacts the context and asks again (spec scenario 16).
+    CONTEXT_OVERFLOW = "context_overflow"
     # The context had to be compacted and the compaction failed (it is never
     # tried again: a failing summary call would fail again, and bill again).
     COMPACTION_FAILED = "compaction_failed"

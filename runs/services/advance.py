@@ -62,6 +62,7 @@ from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.evaluator import EvaluationSubject, run_evaluator
 from runs.engine.loop import EngineState
 from runs.engine.policy import PolicyContext
+from runs.engine.session import MESSAGE
 from runs.engine.step import (
     CallGate,
     GateVerdict,
@@ -90,6 +91,7 @@ from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
 from runs.services.admission import budget_run_ended
+from runs.services.branches import run_recover_overflow
 from runs.services.compaction import (
     CompactionFailed,
     CompactionRefused,
@@ -129,6 +131,7 @@ from runs.services.session import (
     engine_state_stored,
     session_entries_append,
 )
+from runs.services.settle import run_settle
 from runs.services.spend import (
     budget_after_model_call,
     budget_after_tool_call,
@@ -297,7 +300,7 @@ def run_advance(
         state=state,
         build_runtime=lambda: runtime_for(
             run,
-            replies_consumed=run.steps + state.overflow_retries + state.replies_before,
+            replies_consumed=run.steps + state.replies_before,
             budget=lease.budget,
             price=lease.price,
         ),
@@ -417,76 +420,74 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
     state, runtime = ctx.state, ctx.runtime
     state.usage = state.usage.with_wall_seconds(ctx.elapsed())
     tools = runtime.registry.model_tools(state.loaded_tools)
-    if context_needs_compaction(state, runtime, tools):
+    recovering = state.recover_overflow
+    if recovering:
+        # The run this branch recovers overflowed the window here: compact
+        # first (saved with the compaction's commit: a resume does not redo it).
+        state.recover_overflow = False
+        _compact(ctx, tools, overflowed=True)
+    elif context_needs_compaction(state, runtime, tools):
         _compact(ctx, tools, overflowed=False)
-    retried = False
-    while True:
-        messages = state.transcript.messages
-        plan = plan_model_call(
-            state.usage,
-            runtime.limits,
-            state.transcript,
-            tools,
-            reserve_output_tokens=runtime.config.reserve_output_tokens,
-            price=runtime.config.price,
+    messages = state.transcript.messages
+    plan = plan_model_call(
+        state.usage,
+        runtime.limits,
+        state.transcript,
+        tools,
+        reserve_output_tokens=runtime.config.reserve_output_tokens,
+        price=runtime.config.price,
+    )
+    if not isinstance(plan, ModelCallPlan):
+        estimate = estimate_input_tokens(state.transcript.messages_json(), tools)
+        reserve = runtime.config.reserve_output_tokens
+        ask = budget_cap_extension_ask(
+            run=ctx.run, reason=plan, usage=state.usage, limits=runtime.limits,
+            reserve_output_tokens=reserve, estimated_input_tokens=estimate,
+            call_cost=runtime.config.price.cost(estimate, reserve),
+        )  # fmt: skip
+        _ask_to_extend(ctx, ask)
+        _finish(ctx, plan, detail=f"refused before the model call: {plan}")
+    reserved = budget_before_model_call(
+        run=ctx.run,
+        plan=plan,
+        price_known=runtime.price_known,
+        step_index=ctx.run.steps,
+        budget=runtime.budget,
+    )
+    if isinstance(reserved, BudgetRefusal):
+        _finish_budget_refused(ctx, reserved)
+    started_at = timezone.now()
+    with chat_span(
+        ctx.run, messages_json=state.transcript.messages_json(), tools=tools
+    ) as chat:
+        called = time.monotonic()
+        reply = call_model(runtime.model, messages, tools, plan, on_delta=chat.deltas())
+        metrics.model_call_observed(
+            ok=isinstance(reply, ModelReply), seconds=time.monotonic() - called
         )
-        if not isinstance(plan, ModelCallPlan):
-            estimate = estimate_input_tokens(state.transcript.messages_json(), tools)
-            reserve = runtime.config.reserve_output_tokens
-            ask = budget_cap_extension_ask(
-                run=ctx.run, reason=plan, usage=state.usage, limits=runtime.limits,
-                reserve_output_tokens=reserve, estimated_input_tokens=estimate,
-                call_cost=runtime.config.price.cost(estimate, reserve),
-            )  # fmt: skip
-            _ask_to_extend(ctx, ask)
-            _finish(ctx, plan, detail=f"refused before the model call: {plan}")
-        reserved = budget_before_model_call(
-            run=ctx.run,
-            plan=plan,
-            price_known=runtime.price_known,
-            step_index=ctx.run.steps,
-            budget=runtime.budget,
-        )
-        if isinstance(reserved, BudgetRefusal):
-            _finish_budget_refused(ctx, reserved)
-        started_at = timezone.now()
-        with chat_span(
-            ctx.run, messages_json=state.transcript.messages_json(), tools=tools
-        ) as chat:
-            called = time.monotonic()
-            reply = call_model(
-                runtime.model, messages, tools, plan, on_delta=chat.deltas()
-            )
-            metrics.model_call_observed(
-                ok=isinstance(reply, ModelReply), seconds=time.monotonic() - called
-            )
-            chat.reply(reply)
-        price = runtime.price_of(reply)  # the answering model's (a fallback's)
-        budget_after_model_call(
-            run=ctx.run,
-            entry=reserved,
-            reply=reply,
-            plan=plan,
-            price=price,
-            usage=state.usage,
-            limits=runtime.limits,
-        )
-        if isinstance(reply, ModelError) and not retried and reply.is_context_overflow:
-            # The provider counts better than the estimate: compact once, and ask
-            # again (a second overflow is the run's model error).
-            retried = True
-            state.overflow_retries += 1
-            _compact(ctx, tools, overflowed=True)
-            continue
-        if isinstance(reply, ModelError):
-            # A cancel asked while the call ran (an endless stream lasts until its
-            # deadline) is the operator's word on how the run ended; the model's
-            # error stays on the chat span.
-            asked = Run.objects.filter(id=ctx.run.id, cancel_requested=True).exists()
-            if asked:
-                _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
-            _finish(ctx, StopReason.MODEL_ERROR, detail=str(reply))
-        break
+        chat.reply(reply)
+    price = runtime.price_of(reply)  # the answering model's (a fallback's)
+    budget_after_model_call(
+        run=ctx.run,
+        entry=reserved,
+        reply=reply,
+        plan=plan,
+        price=price,
+        usage=state.usage,
+        limits=runtime.limits,
+    )
+    if isinstance(reply, ModelError):
+        # A cancel asked while the call ran (an endless stream lasts until its
+        # deadline) is the operator's word on how the run ended; the model's
+        # error stays on the chat span.
+        asked = Run.objects.filter(id=ctx.run.id, cancel_requested=True).exists()
+        if asked:
+            _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
+        # Once per branch: a recovery branch that overflows again ends with the
+        # model's error. A sub-agent run's parent waits for that run itself.
+        if reply.is_context_overflow and not recovering and not ctx.run.parent_run_id:
+            _finish_overflowed(ctx, reply)
+        _finish(ctx, StopReason.MODEL_ERROR, detail=str(reply))
     assert isinstance(reply, ModelReply)
     usage = billable_usage(reply, plan)
     state.usage = charge_model_call(
@@ -1027,10 +1028,33 @@ def _read_before_call(ctx: StepContext, *, policy_rules: bool) -> list[Any] | No
     return None
 
 
+def _finish_overflowed(ctx: StepContext, reply: ModelError) -> NoReturn:
+    """The model call was longer than the window (the provider counts better
+    than the estimate): this run ends `failed` with the attempt on its log, and
+    a recovery branch that hides the attempt (a `context_edit`) compacts and
+    asks again (spec scenario 16). The run settles when that branch does."""
+    attempt = ctx.state.session.append(
+        MESSAGE, {"message": {"role": "assistant", "content": "", "error": str(reply)}}
+    )
+    _finish(
+        ctx,
+        StopReason.CONTEXT_OVERFLOW,
+        detail=str(reply),
+        recover_hiding=attempt.entry_id,
+    )
+
+
 def _finish(
-    ctx: StepContext, reason: StopReason, *, detail: str = "", dimension: str = ""
+    ctx: StepContext,
+    reason: StopReason,
+    *,
+    detail: str = "",
+    dimension: str = "",
+    recover_hiding: str | None = None,
 ) -> NoReturn:
-    """End the run with the host's verdict; never returns."""
+    """End the run with the host's verdict; never returns. `recover_hiding`:
+    the entry of a call that overflowed, which a recovery branch started in the
+    same commit hides from its context."""
     state = ctx.state
     evaluation = None
     if reason is StopReason.DONE and ctx.runtime.evaluator is not None:
@@ -1068,10 +1092,14 @@ def _finish(
         # root span is ended by tracing's sweep, spans_end_of_finished_runs).
         budget_run_ended(run=ctx.run, reason=reason, dimension=dimension, detail=detail)
         subagent_run_ended(ctx.run)
+        if recover_hiding is not None:
+            run_recover_overflow(run=ctx.run, hide=recover_hiding)
     failpoint("after_run_finished")
     run_finished_hooks(run=ctx.run)
-    # A message queued while this step was ending it continues the run.
-    steering_continue_stranded(run=ctx.run)
+    # A message queued while this step was ending it continues the run; else
+    # it settles, unless its recovery branch still runs.
+    if not steering_continue_stranded(run=ctx.run):
+        run_settle(run_id=ctx.run.id)
     raise StepEnded("finished")
 
 

@@ -24,6 +24,7 @@ from controlplane.services import audit_record
 from runs.engine.branching import (
     FORK,
     MAX_BRANCHES,
+    RECOVERY,
     RETRY,
     BranchPoint,
     BranchRefused,
@@ -42,7 +43,13 @@ from runs.services.dispatch import step_enqueue
 from runs.services.lifecycle import RunConflict
 from runs.services.session import session_entries_append
 
-__all__ = ["RETRYABLE_STATUSES", "BranchRefused", "run_fork", "run_retry"]
+__all__ = [
+    "RETRYABLE_STATUSES",
+    "BranchRefused",
+    "run_fork",
+    "run_recover_overflow",
+    "run_retry",
+]
 
 # A run that ended without succeeding may be retried; a succeeded one is forked.
 RETRYABLE_STATUSES = frozenset(
@@ -66,6 +73,8 @@ _KEPT_CALLS = frozenset(
     }
 )
 MAX_EDIT_CHARS = 1_000_000
+# The run ended on a model call that failed (a scripted model used a reply).
+_FAILED_CALL_STOPS = frozenset({StopReason.MODEL_ERROR, StopReason.CONTEXT_OVERFLOW})
 
 
 class _Session:
@@ -142,8 +151,8 @@ def run_retry(*, run: Run, actor: User | None) -> Run:
         if after is None:
             raise RunConflict(source, "the run's session log has nothing to keep")
         state = EngineState.from_dict(source.engine_state)
-        failed_call = int(source.stop_reason == StopReason.MODEL_ERROR)
-        replies = state.replies_before + source.steps + state.overflow_retries
+        failed_call = int(source.stop_reason in _FAILED_CALL_STOPS)
+        replies = state.replies_before + source.steps
         return _branch_create(
             source=source,
             session=session,
@@ -152,6 +161,29 @@ def run_retry(*, run: Run, actor: User | None) -> Run:
             actor=actor,
             replies_before=replies + failed_call,
         )
+
+
+def run_recover_overflow(*, run: Run, hide: str) -> Run | None:
+    """The recovery branch of a run whose model call overflowed the window,
+    made in the commit that ends the run: it continues after the failed attempt
+    (entry `hide`, kept on the run's log) with a `context_edit` removing it,
+    and compacts before it asks the model again. None when the session holds
+    the most branches it may (the run then ends as it is)."""
+    source = _locked(run)
+    try:
+        session = _Session(source)
+    except RunConflict:
+        return None
+    state = EngineState.from_dict(source.engine_state)
+    return _branch_create(
+        source=source,
+        session=session,
+        point=BranchPoint(session.path[-1].entry_id, target=hide),
+        kind=RECOVERY,
+        actor=None,
+        replies_before=state.replies_before + source.steps + 1,
+        recover_overflow=True,
+    )
 
 
 def run_fork(
@@ -267,6 +299,7 @@ def _branch_create(
     kind: str,
     actor: User | None,
     replies_before: int,
+    recover_overflow: bool = False,
 ) -> Run:
     marker = {"run": str(source.id), "from": point.after, "reason": kind}
     if point.target is not None:
@@ -279,6 +312,7 @@ def _branch_create(
         source=EngineState.from_dict(source.engine_state),
         replies_before=replies_before,
     )
+    state.recover_overflow = recover_overflow
     branch = Run.objects.create(
         tenant_id=source.tenant_id,
         agent_id=source.agent_id,
@@ -303,7 +337,7 @@ def _branch_create(
         )
     edit = None
     if point.target is not None:
-        edit = {"target": point.target, "field": point.field}
+        edit = {"target": point.target, "field": point.field or "removed"}
     SessionBranch.objects.create(
         run=branch,
         session_root_id=session.root_id,
@@ -330,6 +364,7 @@ def _branch_create(
             stop_reason=refusal.dimension,
             stop_detail=refusal.detail,
             finished_at=timezone.now(),
+            settled_at=timezone.now(),  # nothing ran: nothing goes on
         )
     elif run_slot_claim(run=branch):
         step_enqueue(branch)

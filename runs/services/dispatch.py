@@ -76,16 +76,17 @@ def step_dispatch_on_commit(run: Run) -> None:
     transaction.on_commit(dispatch)
 
 
-def finished_hooks_on_commit(run: Run) -> None:
+def finished_hooks_on_commit(run: Run) -> bool:
     """A run ended outside a step (cancelled while waiting or queued, or a person
     refused to let it go on): its `run_finished` hooks run in a worker once the
-    end is committed, as a step runs them when it ends the run. Timed hooks are
-    no work for the request that ended it."""
+    end is committed, as a step runs them when it ends the run, and it settles
+    after them. Timed hooks are no work for the request that ended it. Returns
+    whether it has any (if not, the caller settles it)."""
     version = run.agent_version
     if version is None or not any(
         hook.event is HookEvent.RUN_FINISHED for hook in hooks_of(version)
     ):
-        return
+        return False
     run_id = str(run.id)
 
     def dispatch() -> None:
@@ -94,11 +95,14 @@ def finished_hooks_on_commit(run: Run) -> None:
                 kwargs={"run_id": run_id}
             )
         except BrokerUnavailable:
-            # Too late to block anything: the run's end stands without them.
+            # Too late to block anything: the run's end stands, unsettled
+            # until the sweep runs them (runs.services.settle).
             logger.warning(
-                "run %s: the broker is unavailable, its run_finished hooks did not run",
+                "run %s: the broker is unavailable, its run_finished hooks wait "
+                "for the settle sweep",
                 run_id,
                 exc_info=True,
             )
 
     transaction.on_commit(dispatch)
+    return True

@@ -79,6 +79,8 @@ def run_external_for_trace(
                     trace_id=trace_id,
                     started_at=started_at,
                     finished_at=started_at,
+                    # Nothing of it runs here: what its spans say is all.
+                    settled_at=started_at,
                 )
         except IntegrityError:  # a concurrent ingest of the same trace won
             run = Run.objects.get(tenant=tenant, trace_id=trace_id)

@@ -37,6 +37,7 @@ from runs.runtime import effective_limits
 from runs.services.admission import budget_admit_run, run_slot_claim, runs_start_queued
 from runs.services.dispatch import finished_hooks_on_commit, step_enqueue
 from runs.services.session import session_log_flush
+from runs.services.settle import run_settle
 from runs.services.subagent_wake import subagent_child_ended
 
 logger = logging.getLogger(__name__)
@@ -187,6 +188,7 @@ def run_start(
             stop_reason=refusal.dimension,
             stop_detail=refusal.detail,
             finished_at=timezone.now(),
+            settled_at=timezone.now(),  # nothing ran: nothing goes on
         )
         run.refresh_from_db()
         return run
@@ -364,7 +366,8 @@ def run_end_unheld(
     )
     run.refresh_from_db()
     subagent_child_ended(run)  # its parent may go on
-    finished_hooks_on_commit(run)
+    if not finished_hooks_on_commit(run):
+        run_settle(run_id=run.id)
 
 
 @transaction.atomic

@@ -20,14 +20,17 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from budgets.ledger import budget_release_for_run
 from controlplane.celery import workers_gone
-from runs.models import Run
+from runs.models import Run, SessionBranch
 from runs.services.admission import runs_start_queued
 from runs.services.dispatch import ADVANCE_TASK, step_enqueue
+from runs.services.guards import run_finished_hooks_of_ended
+from runs.services.settle import run_settle
+from runs.services.steering import steering_continue_stranded
 from runs.spans import spans_abandon_of_dead_workers
 
 logger = logging.getLogger(__name__)
@@ -156,3 +159,31 @@ def recover_stalled_runs() -> int:
     for tenant_id in waiting.values_list("tenant_id", flat=True).distinct():
         recovered += runs_start_queued(tenant_id=tenant_id)
     return recovered
+
+
+def runs_settle_stranded(*, now: dt.datetime | None = None) -> int:
+    """Settle the ended runs whose worker was lost while ending them: their
+    `run_finished` hooks run now (they may not have run), a message queued
+    meanwhile continues the run, else it settles. A run whose recovery branch
+    goes on settles with that branch, not here. Returns how many settled."""
+    # Longer than a step's hooks take (each is bounded by its timeout).
+    grace = dt.timedelta(seconds=settings.RUN_SETTLE_GRACE_SECONDS)
+    cutoff = (now or timezone.now()) - grace
+    recovering = SessionBranch.objects.filter(
+        branch_of=OuterRef("pk"),
+        kind=SessionBranch.Kind.RECOVERY,
+        run__settled_at__isnull=True,
+    )
+    stranded = (
+        Run.objects.filter(
+            status__in=Run.TERMINAL, settled_at__isnull=True, finished_at__lt=cutoff
+        )
+        .filter(~Exists(recovering))
+        .order_by("finished_at")[:100]
+    )
+    settled = 0
+    for run in stranded:
+        run_finished_hooks_of_ended(run_id=str(run.id))
+        if not steering_continue_stranded(run=run):
+            settled += run_settle(run_id=run.id)
+    return settled

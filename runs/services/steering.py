@@ -25,7 +25,7 @@ from controlplane.services import audit_record
 from runs.engine.loop import EngineState
 from runs.engine.steering import Steering, deliver_steering, steering_text_problem
 from runs.engine.step import pending_tool_calls
-from runs.models import Run, RunMessage
+from runs.models import Run, RunMessage, SessionBranch
 from runs.services.admission import run_slot_claim
 from runs.services.dispatch import step_enqueue
 from runs.services.lifecycle import RunConflict, RunInputError
@@ -123,6 +123,16 @@ def _continuable_or_conflict(run: Run) -> None:
         raise RunConflict(
             run, f"the run ended as {run.status}; it cannot continue: start a new run"
         )
+    recovery = (
+        SessionBranch.objects.filter(branch_of=run, kind=SessionBranch.Kind.RECOVERY)
+        .values_list("run_id", flat=True)
+        .first()
+    )
+    if recovery is not None:
+        raise RunConflict(
+            run,
+            f"the run goes on in its recovery run {recovery}: send the message there",
+        )
     if run.agent_version_id is None:
         raise RunConflict(run, "the run was sent over OTLP; it is not run here")
     if run.agent.disabled or run.agent.deleted_at is not None:
@@ -159,6 +169,7 @@ def _continue(run: Run, message: RunMessage) -> None:
         stop_detail="",
         evaluation=None,
         finished_at=None,
+        settled_at=None,
         step_token=None,
         engine_state=state.to_dict(),
         version=F("version") + 1,

@@ -363,6 +363,7 @@ def _child_start(
             stop_reason=refusal.dimension,
             stop_detail=refusal.detail,
             finished_at=timezone.now(),
+            settled_at=timezone.now(),  # nothing ran: nothing goes on
         )
         child.refresh_from_db()
         return child
