@@ -326,12 +326,14 @@ def run_advance(
         )
     )
     lost = False
+    outcome = "continued"
     try:
         _step(ctx, open_calls)
         _continue(ctx, spans, batch)
-        return "continued"
+        return outcome
     except StepEnded as ended:
-        return ended.outcome
+        outcome = ended.outcome
+        return outcome
     except LeaseLost:
         logger.warning("run %s: lease lost; this step stops here", run_id)
         return "lease_lost"
@@ -359,7 +361,8 @@ def run_advance(
         ctx.steering = []  # not in the stored transcript: they stay queued
         with suppress(StepEnded, LeaseLost):
             _finish(ctx, StopReason.INTERNAL_ERROR, detail="internal error")
-        return "finished"
+        outcome = "finished"
+        return outcome
     finally:
         if lost:
             # The spans' last writes are lost with the connection (the retry's
@@ -372,6 +375,9 @@ def run_advance(
             spans.close()
             records.close()
             lease_release(run)
+            if outcome == "finished":
+                # Once the step's spans are stored: a settled run's trace is whole.
+                run_settle(run_id=run.id)
 
 
 def _step(ctx: StepContext, open_calls: list[ToolCall]) -> None:
@@ -1097,9 +1103,8 @@ def _finish(
     failpoint("after_run_finished")
     run_finished_hooks(run=ctx.run)
     # A message queued while this step was ending it continues the run; else
-    # it settles, unless its recovery branch still runs.
-    if not steering_continue_stranded(run=ctx.run):
-        run_settle(run_id=ctx.run.id)
+    # it settles once the step's spans are stored (run_advance).
+    steering_continue_stranded(run=ctx.run)
     raise StepEnded("finished")
 
 

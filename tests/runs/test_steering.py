@@ -42,10 +42,10 @@ def settled(run: Run, timeout: float = 60) -> Run:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         run.refresh_from_db()
-        if run.is_terminal:
+        if run.is_settled:  # ended, and its last step's spans are stored
             return run
         time.sleep(0.1)
-    raise AssertionError(f"run {run.id} still {run.status}")
+    raise AssertionError(f"run {run.id} still {run.status}, not settled")
 
 
 def transcript(run: Run) -> list[dict[str, Any]]:

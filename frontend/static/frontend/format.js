@@ -19,6 +19,8 @@ const STOP_REASONS = {
   guardrail_tripped: "stopped by a guardrail",
   guardrail_unavailable: "guardrail could not run (failed closed)",
   hook_blocked: "stopped by a hook", hook_failed: "a hook failed (blocked)",
+  context_overflow: "context longer than the model's window (recovered on a new branch)",
+  compaction_failed: "compaction failed",
 };
 
 export function stopReasonLabel(reason) {

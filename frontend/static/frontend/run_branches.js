@@ -10,7 +10,7 @@ const root = document.getElementById("run-root");
 const runId = root.dataset.runId;
 // runs.services.branches.RETRYABLE_STATUSES
 const RETRYABLE = new Set(["failed", "budget_exhausted", "policy_blocked", "unverified", "cancelled"]);
-const KIND = { root: "Original", retry: "Retry", fork: "Fork" };
+const KIND = { root: "Original", retry: "Retry", fork: "Fork", recovery: "Recovery" };
 const retry = document.getElementById("retry-run");
 const box = document.getElementById("branches");
 const list = document.getElementById("branch-list");

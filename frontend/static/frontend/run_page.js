@@ -270,7 +270,7 @@ function renderRun() {
     renderRun.shown = run.status;
     loadApprovalsSoon(); // a finished run's approvals may have been cancelled
   }
-  document.getElementById("run-status").replaceChildren(statusBadge(run.status));
+  document.getElementById("run-status").replaceChildren(statusBadge(run.status), settledBadge());
   const version = run.agent_version ? ` v${run.agent_version}` : "";
   document.getElementById("run-title").textContent = `${run.agent}${version} · ${run.id.slice(0, 8)}`;
   const end = run.finished_at;
@@ -280,6 +280,8 @@ function renderRun() {
     ["Tokens", `${tokens(run.input_tokens)} in / ${tokens(run.output_tokens)} out`], ["Cost", money(run.cost)],
   ];
   if (run.parent_run) facts.push(["Sub-agent of", el("a", { href: `/runs/${run.parent_run}/`, "data-testid": "run-parent", text: `run ${run.parent_run.slice(0, 8)} (call ${run.parent_call_id || "–"})` }), "run-parent-fact"]);
+  if (run.recovery_run) facts.push(["Continues in", el("a", { href: `/runs/${run.recovery_run}/`, "data-testid": "run-recovery", text: `run ${run.recovery_run.slice(0, 8)}, which compacted the context and asked the model again` }), "run-recovery-fact"]);
+  if (run.recovers) facts.push(["Recovers", el("a", { href: `/runs/${run.recovers}/`, "data-testid": "run-recovers", text: `run ${run.recovers.slice(0, 8)}, whose model call overflowed the window` }), "run-recovers-fact"]);
   if (run.end_user) facts.push(["End user", el("a", { href: `/end-users/${encodeURIComponent(run.end_user)}/`, "data-testid": "run-end-user", text: run.end_user }), "run-end-user-fact"]);
   if (run.stop_reason) facts.push(["Stop reason", `${stopReasonLabel(run.stop_reason)}${run.stop_detail ? ` — ${run.stop_detail}` : ""}`]);
   if (run.verdict) facts.push(["Outcome", outcomeText(), "run-verdict"]);
@@ -296,6 +298,15 @@ function renderRun() {
   const cancel = document.getElementById("cancel-run");
   if (cancel) cancel.hidden = TERMINAL_RUN.has(run.status);
   renderBurn();
+}
+
+// An ended run is complete only once settled (its hooks ran and nothing goes
+// on for it: a recovery branch, a queued follow-up); until then it finishes.
+function settledBadge() {
+  if (!TERMINAL_RUN.has(run.status)) return "";
+  if (run.settled) return el("span", { class: "settled s-complete", "data-testid": "run-settled", text: "complete" });
+  const text = run.recovery_run ? "recovering on a new branch…" : "finishing…";
+  return el("span", { class: "settled s-finishing", "data-testid": "run-settled", text });
 }
 
 // The verdict in words; a run that failed after a denial says so.
