@@ -423,5 +423,23 @@ def run_session_for(*, tenant: Tenant, run_id: str | uuid.UUID) -> RunSession | 
     if row is None:
         return None
     runs = session_run_ids(run_id=key)
+    # `seq` alone orders the whole tree: branch n numbers its entries from
+    # n << BRANCH_SEQ_SHIFT, so no two entries of a session share one.
     entries = SessionEntry.objects.filter(run_id__in=runs).order_by("seq")
     return RunSession(key, row[1], entries)
+
+
+def session_entries_page(
+    *, session: RunSession, after_seq: int | None, limit: int
+) -> tuple[list[SessionEntry], int | None]:
+    """Up to `limit` of the session's entries after `after_seq` (None: from the
+    first), in seq order, and the `after_seq` of the next page (None: this is
+    the last). One row more than the page is read to know whether one follows."""
+    entries = session.entries
+    if after_seq is not None:
+        entries = entries.filter(seq__gt=after_seq)
+    rows = list(entries[: limit + 1])
+    if len(rows) <= limit:
+        return rows, None
+    del rows[limit:]
+    return rows, rows[-1].seq
