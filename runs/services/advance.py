@@ -148,7 +148,7 @@ from runs.services.steering import (
 )
 from runs.services.subagents import (
     is_subagent_call,
-    subagent_call_open,
+    subagent_call_started,
     subagent_call_step,
     subagent_run_ended,
     subagents_running,
@@ -603,8 +603,8 @@ def _run_calls(
             remember_loaded(ctx.state.loaded_tools, call.name, stored)
             _record(ctx, row, call, stored, row.status)
             continue
-        if subagent_call_open(call.name, row.status):
-            _delegate(ctx, row, call, rules)
+        if subagent_call_started(call.name, row.status):
+            _delegate(ctx, row, call)
             continue
         if row.status == ToolCallRow.Status.EXECUTING:
             _recover_interrupted(ctx, row, call)
@@ -625,13 +625,12 @@ def _run_calls(
     return list(rows.values())
 
 
-def _delegate(
-    ctx: StepContext, row: ToolCallRow, call: ToolCall, rules: list[Any] | None
-) -> None:
-    """A sub-agent's call (runs.services.subagents): its child starts, or the
-    ended child's outcome (or the gate's refusal) is recorded."""
+def _delegate(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
+    """A sub-agent's call that passed its gate (runs.services.subagents): its
+    child starts, or the ended child's outcome (or why none could start) is
+    recorded, with a reviewer's edit of the brief noted as for any call."""
     done = subagent_call_step(
-        run=ctx.run, row=row, call=call, gate=lambda: _gate(ctx, call, rules),
+        run=ctx.run, row=row, call=call,
         usage=ctx.state.usage.with_wall_seconds(ctx.elapsed()),
         limits=ctx.runtime.limits,
     )  # fmt: skip
@@ -639,8 +638,9 @@ def _delegate(
         return
     ctx.charge(done.spent)  # the child's spend is its parent's (docs/engine.md)
     _record(ctx, row, call, done.result, done.status)
-    if done.denied is not None:
-        _finish(ctx, StopReason.POLICY_DENIED, detail=done.denied)
+    note = approval_edit_note(tool_call=row)
+    if note is not None:
+        _note_on_observation(ctx, row, call, note)
 
 
 def _wait_for_subagents(ctx: StepContext) -> None:
@@ -767,7 +767,9 @@ def _resume_after_approval(
         )
         _record(ctx, row, call, result, ToolCallRow.Status.DENIED)
         return
-    note = approval_edit_note(tool_call=row)
+    # A sub-agent call's result comes with its child's end: `_delegate` notes
+    # an edit then.
+    note = None if is_subagent_call(call.name) else approval_edit_note(tool_call=row)
     ToolCallRow.objects.filter(id=row.id).update(status=ToolCallRow.Status.APPROVED)
     _execute(ctx, row, approved)
     if note is not None:
@@ -848,6 +850,9 @@ def _recover_interrupted(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> 
 
 
 def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
+    if is_subagent_call(call.name):  # a child run does the work: nothing executes
+        _delegate(ctx, row, call)
+        return
     tool = ctx.runtime.registry.get(call.name)
     assert tool is not None
     if is_question_call(tool):  # a person answers it: nothing executes

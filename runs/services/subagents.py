@@ -1,10 +1,13 @@
 """Sub-agents: a run's call of `agent__<slug>` starts a child run (docs/engine.md,
 Sub-agents).
 
-The child's input is the call's task brief; its caps are the lowest of its own
-agent's, the tenant's ceiling and a share of what its parent has left (never
-more: the parent's remaining cost, tokens and active seconds, less what its
-children not yet charged to it hold, split over the calls of the step still to start).
+The step gates the call like any (runs.services.advance: validation, the
+tenant's policy, a person's approval when the policy asks for one); once it
+passes, its child starts here. The child's input is the call's task brief;
+its caps are the lowest of its own agent's, the tenant's ceiling and a share
+of what its parent has left (never more: the parent's remaining cost, tokens
+and active seconds, less what its children not yet charged to it hold, split
+over the calls of the step still to start).
 The parent waits `waiting_subagents` holding no worker; each child's end wakes
 it once none is left running (runs.services.subagent_wake), and the step that
 resumes records each child's answer (or why it stopped) as the observation and
@@ -14,7 +17,6 @@ its whole tree.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -31,7 +33,6 @@ from runs.engine.budget import BudgetLimits, BudgetVector
 from runs.engine.disclosure import skills_from
 from runs.engine.envelope import ErrorCode, ToolResult
 from runs.engine.loop import AgentConfig, EngineState
-from runs.engine.step import CallGate, GateVerdict
 from runs.models import Agent, Run
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import effective_limits, min_limits
@@ -67,26 +68,21 @@ class ChildOutcome:
 @dataclass(frozen=True)
 class CallStep:
     """What the step records for a sub-agent call: its observation and the
-    call's status, the spend to charge, and `denied` (the policy's reason) when
-    the run is to end `policy_denied`."""
+    call's status, and the spend to charge."""
 
     result: ToolResult
     status: str
     spent: BudgetVector
-    denied: str | None = None
 
 
 def is_subagent_call(name: str) -> bool:
     return name.startswith(SUBAGENT_TOOL_PREFIX)
 
 
-def subagent_call_open(name: str, status: str) -> bool:
-    """A sub-agent call not yet resolved: to gate and start, or waiting on its
-    child (`executing`)."""
-    return is_subagent_call(name) and status in (
-        ToolCallRow.Status.PENDING,
-        ToolCallRow.Status.EXECUTING,
-    )
+def subagent_call_started(name: str, status: str) -> bool:
+    """A sub-agent call whose child was started (or whose start was under
+    way when its step died): it waits on its child, never gated again."""
+    return is_subagent_call(name) and status == ToolCallRow.Status.EXECUTING
 
 
 def subagent_call_step(
@@ -94,23 +90,12 @@ def subagent_call_step(
     run: Run,
     row: ToolCallRow,
     call: ToolCall,
-    gate: Callable[[], CallGate],
     usage: BudgetVector,
     limits: BudgetLimits,
 ) -> CallStep | None:
-    """Gate a new call like any (`gate`: the step's, with the tenant's rules),
-    then start its child; or take the ended child's outcome. None while the
-    child works."""
-    if row.status == ToolCallRow.Status.PENDING:
-        gated = subagent_gate(gate())
-        if gated.verdict is not GateVerdict.EXECUTE:
-            assert gated.result is not None
-            if gated.verdict is GateVerdict.DENY:
-                why = gated.decision.reason if gated.decision else "denied by policy"
-                return CallStep(
-                    gated.result, ToolCallRow.Status.DENIED, BudgetVector(), why
-                )
-            return CallStep(gated.result, ToolCallRow.Status.REFUSED, BudgetVector())
+    """Start the child of a call that passed its gate (the step's, approval
+    included: `call` carries the arguments approved), or take the ended
+    child's outcome. None while the child works."""
     ended = subagent_call_advance(
         run=run, row=row, call=call, usage=usage, limits=limits
     )
@@ -167,19 +152,6 @@ def subagent_call_advance(
         subagent_span_settle(run, tool_call=row, child=child, result=outcome.result)
         return outcome
     return None
-
-
-def subagent_gate(gate: CallGate) -> CallGate:
-    """The gate's verdict on a sub-agent call: a call the tenant's policy would
-    put to a person is refused instead (what the child does is gated, call by
-    call, inside the child)."""
-    if gate.verdict is not GateVerdict.NEEDS_APPROVAL:
-        return gate
-    result = _refusal(
-        f"{gate.call.name} was not started: a sub-agent call is not put to "
-        "approval (the sub-agent's own calls are); the tenant's policy asks for one"
-    )
-    return CallGate(GateVerdict.REFUSE, gate.call, gate.tool, result, gate.decision)
 
 
 def subagents_running(*, run: Run) -> bool:
@@ -266,14 +238,16 @@ def _carve(
         parent_run=run, parent_tool_call__status=ToolCallRow.Status.EXECUTING
     )
     held = [BudgetLimits.from_dict(child.limits) for child in uncharged.only("limits")]
-    # This call and the step's other delegations not started yet share it.
-    sharing = max(
-        1,
+    # This call and the step's other delegations not started yet share it
+    # (this one is `pending`, or `approved` after a person's decision).
+    sharing = 1 + (
         ToolCallRow.objects.filter(
             step_id=row.step_id,
             tool_name__startswith=SUBAGENT_TOOL_PREFIX,
             status=ToolCallRow.Status.PENDING,
-        ).count(),
+        )
+        .exclude(id=row.id)
+        .count()
     )
     carve: dict[str, Any] = {}
     for name, cap in CARVED.items():

@@ -1,11 +1,14 @@
 """Sub-agents (agents as tools), through real Celery workers on the scripted
 model: a parent's call of `agent__<slug>` starts a child run whose answer is the
 parent's observation; the child's caps are carved from what the parent has
-left; cancelling the parent cancels the child; caps and cycles are refused
-with an error observation (nothing started); the tree is one trace."""
+left; a call the tenant's policy puts to a person waits for the decision
+(approved, the child starts; denied, expired or cancelled, nothing does);
+cancelling the parent cancels the child; caps and cycles are refused with an
+error observation (nothing started); the tree is one trace."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections.abc import Iterator
@@ -21,6 +24,7 @@ from budgets.models import ModelPriceEntry
 from runs.engine.observation import TRUST_LABEL
 from runs.models import AgentVersion, Run, ToolCall
 from runs.services import recover_stalled_runs, run_cancel, run_start
+from runs.services.decide import approvals_expire
 from runs.spans import root_span_id, subagent_span_id
 from runs.tools.registry import tool_contracts_for
 from tests.agents import make_agent
@@ -436,3 +440,217 @@ def test_a_parent_killed_after_starting_a_child_never_starts_it_twice(
         calling = Span.objects.get(run=parent, span_id=root.parent_span_id)
         assert calling.attributes["cp.subagent.run_id"] == str(child.id)
         assert calling.ended_at is not None
+
+
+# --- a sub-agent call put to a person ----------------------------------------
+
+
+def require_approval_of_delegation(tenant: Any, admin_user: Any) -> None:
+    approval_rule_create(
+        tenant=tenant, actor=admin_user,
+        data={"name": "Ask before delegating", "tool": "agent__researcher",
+              "action": "require_approval"},
+        known_tools=tool_contracts_for(tenant_id=tenant.id),
+    )  # fmt: skip
+
+
+def delegating_lead(tenant: Any, final: str) -> Any:
+    make_agent(tenant, "researcher", script=[{"text": ANSWER}])
+    return make_agent(
+        tenant, "lead", subagents=["researcher"],
+        script=[{"tool_calls": [delegate("call_r", "researcher", "Look it up.")]},
+                {"text": final}],
+    )  # fmt: skip
+
+
+def waiting_for_approval(run: Run) -> ApprovalRequest:
+    """The parent waits for a person, holding no worker, no child started."""
+    approval = wait_for(
+        lambda: ApprovalRequest.objects.filter(
+            run_id=run.id, status=ApprovalRequest.Status.PENDING
+        ).first(),
+        timeout=60,
+        what="the sub-agent call to ask for approval",
+    )
+    wait_for(
+        lambda: Run.objects.get(id=run.id).status == "waiting_approval",
+        timeout=60,
+        what="the parent to wait for the approval",
+    )
+    run.refresh_from_db()
+    assert not run.lease_owner and run.step_token is None  # holds no worker
+    assert approval.tool_name == "agent__researcher"
+    assert approval.args_snapshot == {"task": "Look it up."}
+    row = ToolCall.objects.get(run=run, call_id="call_r")
+    assert row.status == "waiting_approval"
+    assert not Run.objects.filter(parent_run=run).exists()
+    return approval
+
+
+def decide(client: Any, approval: ApprovalRequest, decision: str, **extra: Any) -> None:
+    answer = client.post(
+        f"/api/v1/approvals/{approval.id}/decide/",
+        {"decision": decision, **extra},
+        format="json",
+    )
+    assert answer.status_code == 200, answer.content
+
+
+def test_an_approved_sub_agent_call_starts_its_child(
+    tenant, admin_user, operator_user, api_client_for, two_workers
+):
+    """A rule that puts the call to a person: the parent waits
+    `waiting_approval` (the step's next call, which needs none, not started
+    either), the call is in the inbox like any; approved (the reviewer edits
+    the brief), the child starts with the approved brief, both children share
+    what the parent has left as without an approval, and the child's answer
+    is the parent's observation."""
+    ModelPriceEntry.objects.create(
+        model="scripted", input_per_million=Decimal(10),
+        cached_input_per_million=Decimal(0), output_per_million=Decimal(20),
+    )  # fmt: skip
+    require_approval_of_delegation(tenant, admin_user)
+    make_agent(tenant, "researcher", script=[{"text": ANSWER}])
+    make_agent(tenant, "writer", script=[{"text": "Written."}])
+    make_agent(
+        tenant, "lead", subagents=["researcher", "writer"],
+        script=[{"tool_calls": [delegate("call_r", "researcher", "Look it up."),
+                                delegate("call_w", "writer", "Write it up.")]},
+                {"text": "It shipped on 2 May."}],
+    )  # fmt: skip
+    parent = run_start(tenant=tenant, agent_slug="lead", input="Go",
+                       started_by=operator_user,
+                       limits={"max_cost": "1.00"})  # fmt: skip
+    approval = waiting_for_approval(parent)
+    assert ToolCall.objects.get(run=parent, call_id="call_w").status == "pending"
+    client = api_client_for(admin_user, tenant)
+    listed = client.get("/api/v1/approvals/", {"status": "pending"}).json()
+    rows = listed["results"] if isinstance(listed, dict) else listed
+    (listed_approval,) = [a for a in rows if a["run"] == str(parent.id)]
+    assert listed_approval["id"] == str(approval.id)
+    decide(client, approval, "approve", args={"task": "When did 4821 ship?"})
+    parent = settled(parent)
+    assert parent.final_answer == "It shipped on 2 May.", parent.stop_detail
+    child = Run.objects.get(parent_run=parent, agent__slug="researcher")
+    assert child.input == "When did 4821 ship?"  # what was approved
+    assert child.final_answer == ANSWER
+    assert child.parent_tool_call.call_id == "call_r"
+    row = ToolCall.objects.get(run=parent, call_id="call_r")
+    assert row.status == "succeeded"
+    observed = json.loads(row.observation["content"])
+    assert observed["data"]["answer"] == ANSWER
+    assert observed["data"]["run_id"] == str(child.id)
+    assert "the arguments were changed by" in row.observation["content"]
+    # The model's next input carries that observation.
+    _, second = model_inputs(parent)
+    (message,) = [m for m in second if m.get("tool_call_id") == "call_r"]
+    assert json.loads(message["content"])["data"]["answer"] == ANSWER
+    # Carved from the parent's remaining budget, as without an approval: the
+    # approved call and the one after it share it.
+    left = Decimal("1.00") - parent.step_rows.get(index=0).cost
+    expected = (left / 2).quantize(Decimal("0.000001"), rounding="ROUND_DOWN")
+    children = Run.objects.filter(parent_run=parent)
+    assert [Decimal(c.limits["max_cost"]) for c in children] == [expected, expected]
+    assert ToolCall.objects.get(run=parent, call_id="call_w").status == "succeeded"
+    # The approval's span and the call's span are both on the parent's trace.
+    names = {span.name for span, _ in spans_of(parent)}
+    assert {"approval agent__researcher", "execute_tool agent__researcher"} <= names
+
+
+def test_a_denied_sub_agent_call_starts_nothing(
+    tenant, admin_user, operator_user, api_client_for, two_workers
+):
+    """Denied: no child run, and the model gets the denial as the call's
+    observation; the parent goes on."""
+    require_approval_of_delegation(tenant, admin_user)
+    delegating_lead(tenant, "I may not delegate; doing it myself.")
+    parent = run_start(tenant=tenant, agent_slug="lead", input="Go",
+                       started_by=operator_user)  # fmt: skip
+    approval = waiting_for_approval(parent)
+    decide(api_client_for(admin_user, tenant), approval, "deny",
+           reason="not for this order")  # fmt: skip
+    parent = settled(parent)
+    assert parent.final_answer == "I may not delegate; doing it myself."
+    assert not Run.objects.filter(parent_run=parent).exists()
+    assert Run.objects.filter(tenant=tenant).count() == 1
+    row = ToolCall.objects.get(run=parent, call_id="call_r")
+    assert row.status == "denied"
+    observed = json.loads(row.observation["content"])
+    assert observed["ok"] is False and observed["error"]["code"] == "EPERM"
+    assert "denied by a reviewer: not for this order" in observed["error"]["message"]
+    _, second = model_inputs(parent)
+    assert json.loads(second[-1]["content"])["error"] == observed["error"]
+
+
+def test_an_expired_sub_agent_approval_starts_nothing(
+    tenant, admin_user, operator_user, two_workers
+):
+    require_approval_of_delegation(tenant, admin_user)
+    delegating_lead(tenant, "Nobody answered.")
+    parent = run_start(tenant=tenant, agent_slug="lead", input="Go",
+                       started_by=operator_user)  # fmt: skip
+    approval = waiting_for_approval(parent)
+    later = approval.expires_at + dt.timedelta(seconds=1)
+    assert approvals_expire(now=later) == 1
+    parent = settled(parent)
+    assert parent.final_answer == "Nobody answered."
+    assert not Run.objects.filter(parent_run=parent).exists()
+    row = ToolCall.objects.get(run=parent, call_id="call_r")
+    assert row.status == "denied"
+    assert "expired" in json.loads(row.observation["content"])["error"]["message"]
+
+
+def test_a_parent_cancelled_while_its_call_waits_starts_nothing(
+    tenant, admin_user, operator_user, two_workers
+):
+    require_approval_of_delegation(tenant, admin_user)
+    delegating_lead(tenant, "never")
+    parent = run_start(tenant=tenant, agent_slug="lead", input="Go",
+                       started_by=operator_user)  # fmt: skip
+    approval = waiting_for_approval(parent)
+    run_cancel(run=parent, actor=operator_user)
+    parent = settled(parent)
+    assert parent.status == "cancelled"
+    approval.refresh_from_db()
+    assert approval.status == "cancelled"
+    assert ToolCall.objects.get(run=parent, call_id="call_r").status == "cancelled"
+    assert not Run.objects.filter(parent_run=parent).exists()
+
+
+def test_a_parent_killed_after_an_approved_start_never_starts_it_twice(
+    tenant, admin_user, operator_user, api_client_for, tmp_path, settings
+):
+    """The worker dies right after the approved call's child is committed;
+    the recovered step finds that child and waits for it: one child."""
+    settings.RUN_LEASE_SECONDS = 2.0
+    lease = {"RUN_LEASE_SECONDS": "2"}
+    first = start_worker(
+        tmp_path, pool="solo",
+        extra_env={**lease, "RUN_FAILPOINTS": "after_subagent_started",
+                   "RUN_FAILPOINT_DIR": str(tmp_path)},
+    )  # fmt: skip
+    require_approval_of_delegation(tenant, admin_user)
+    delegating_lead(tenant, "Done.")
+    parent = run_start(tenant=tenant, agent_slug="lead", input="Go",
+                       started_by=operator_user)  # fmt: skip
+    approval = waiting_for_approval(parent)
+    decide(api_client_for(admin_user, tenant), approval, "approve")
+    wait_for(lambda: first.process.poll() is not None, timeout=60)  # SIGKILLed
+    assert Run.objects.filter(parent_run=parent).count() == 1
+    second = start_worker(tmp_path, concurrency=2, extra_env=lease)
+    try:
+        wait_for(
+            lambda: (
+                recover_stalled_runs() is not None
+                and (time.sleep(0.5) or Run.objects.get(id=parent.id).is_terminal)
+            ),
+            timeout=90,
+            what="the parent recovered and ended",
+        )
+    finally:
+        second.stop()
+    parent.refresh_from_db()
+    assert parent.final_answer == "Done.", parent.stop_detail
+    (child,) = Run.objects.filter(parent_run=parent)
+    assert child.final_answer == ANSWER
+    assert ToolCall.objects.get(run=parent, call_id="call_r").status == "succeeded"
