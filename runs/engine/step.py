@@ -276,26 +276,31 @@ def execute_call(
     retry: RetryPolicy = NO_RETRIES,
     secret_reader: SecretReader | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    continuation: bool = False,
 ) -> ExecutionOutcome:
     """Check the tool budget and the run's quota, then execute (retrying a
     transient error as `retry` allows); the usage returned includes the call.
 
     A budget cap's refusal carries its `stop_reason`; a quota's has none (the
     model is told, the run goes on). `ledger`: the run's contract counts (quota,
-    retries), updated here.
+    retries), updated here. `continuation`: the call was executed and counted
+    already, and runs again to complete (an MCP server's question answered):
+    no cap or quota is checked or charged again.
     """
-    refused = check_before_tool_call(usage, limits, tool_cost=tool.money_cost)
-    if refused is not None:
-        result = ToolResult.failure(
-            ErrorCode.EBUDGET,
-            f"{call.name} was not executed: the run's {refused} budget is exhausted",
-        )
-        return ExecutionOutcome(result, usage, executed=False, stop_reason=refused)
     ledger = ContractLedger() if ledger is None else ledger
-    over_quota = run_quota_refusal(tool, ledger)
-    if over_quota is not None:
-        return ExecutionOutcome(over_quota, usage, executed=False)
-    charge_run_quota(tool, ledger)
+    if not continuation:
+        refused = check_before_tool_call(usage, limits, tool_cost=tool.money_cost)
+        if refused is not None:
+            result = ToolResult.failure(
+                ErrorCode.EBUDGET,
+                f"{call.name} was not executed: the run's {refused} budget is "
+                "exhausted",
+            )
+            return ExecutionOutcome(result, usage, executed=False, stop_reason=refused)
+        over_quota = run_quota_refusal(tool, ledger)
+        if over_quota is not None:
+            return ExecutionOutcome(over_quota, usage, executed=False)
+        charge_run_quota(tool, ledger)
     context = ToolContext.for_call(
         run_id,
         call.call_id,
@@ -328,7 +333,7 @@ def execute_call(
         result = result.with_cost(attempts=attempts)
     return ExecutionOutcome(
         result,
-        charge_tool_call(usage, tool.money_cost),
+        usage if continuation else charge_tool_call(usage, tool.money_cost),
         executed=True,
         attempts=attempts,
     )

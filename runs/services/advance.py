@@ -732,7 +732,7 @@ def _resume_after_answer(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> 
             )
         raise StepEnded("waiting")
     if outcome.rerun:  # the MCP server gets its answer from the re-run call
-        _execute(ctx, row, call)
+        _execute(ctx, row, call, continuation=True)
         return
     result = outcome.result
     assert result is not None
@@ -849,7 +849,12 @@ def _recover_interrupted(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> 
     )
 
 
-def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
+def _execute(
+    ctx: StepContext, row: ToolCallRow, call: ToolCall, *, continuation: bool = False
+) -> None:
+    """Run the call under its caps, contract and budget, and record it.
+    `continuation`: the call ran and was counted already; it runs again to
+    complete (an MCP server's question answered), counted once in all."""
     if is_subagent_call(call.name):  # a child run does the work: nothing executes
         _delegate(ctx, row, call)
         return
@@ -858,9 +863,11 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
     if is_question_call(tool):  # a person answers it: nothing executes
         _wait_for_answer(ctx, row, call)
     usage = ctx.state.usage.with_wall_seconds(ctx.elapsed())
-    capped = check_before_tool_call(
-        usage, ctx.runtime.limits, tool_cost=tool.money_cost
-    )
+    capped = None
+    if not continuation:
+        capped = check_before_tool_call(
+            usage, ctx.runtime.limits, tool_cost=tool.money_cost
+        )
     if capped is not None:  # a run cap refuses it: ask first if the tenant wants
         ask = budget_cap_extension_ask(
             run=ctx.run, reason=capped, usage=usage, limits=ctx.runtime.limits,
@@ -875,12 +882,15 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
         tool=tool,
         ledger=ctx.state.contract,
         first_attempt=not row.attempts,
+        continuation=continuation,
     )
     if refused is not None:  # a permission or quota: not executed, the run goes on
         _record(ctx, row, call, refused, ToolCallRow.Status.REFUSED)
         _escalate_if_repeated(ctx, call.name, refused)
         return
-    reserved = budget_before_tool_call(run=ctx.run, tool=tool, call_id=call.call_id)
+    reserved = None
+    if not continuation:  # its declared cost was reserved and settled once
+        reserved = budget_before_tool_call(run=ctx.run, tool=tool, call_id=call.call_id)
     if isinstance(reserved, BudgetRefusal):
         _finish_budget_refused(ctx, reserved)
     row.attempts += 1
@@ -911,6 +921,7 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
             secret_reader=secret_reader_for(
                 tenant_id=ctx.run.tenant_id, names=tool.contract.scope.secrets
             ),
+            continuation=continuation,
         )
         result, stop = outcome.result, None
         if outcome.executed:  # hooks see (and may change) what the tool returned
@@ -926,7 +937,7 @@ def _execute(ctx: StepContext, row: ToolCallRow, call: ToolCall) -> None:
         run=ctx.run,
         entry=reserved,
         tool=tool,
-        executed=outcome.executed,
+        executed=outcome.executed and not continuation,
         usage=outcome.usage,
         limits=ctx.runtime.limits,
     )

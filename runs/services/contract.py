@@ -88,13 +88,20 @@ def _permission_problem(run: Run, permissions: frozenset[str]) -> str | None:
 
 
 def contract_refusal(
-    *, run: Run, tool: Tool, ledger: ContractLedger, first_attempt: bool
+    *,
+    run: Run,
+    tool: Tool,
+    ledger: ContractLedger,
+    first_attempt: bool,
+    continuation: bool = False,
 ) -> ToolResult | None:
     """Why the call may not execute now under the tool's contract, or None (it
     may, and its tenant period quotas are taken). Checked when the call is about
     to execute: after any approval, so a permission or quota that changed while
     it waited counts. `first_attempt`: False when the call already took its
-    quotas (a re-run after a crash)."""
+    quotas (a re-run after a crash). `continuation`: the call ran and counted
+    already and runs again to complete (its permission is checked again, no
+    quota)."""
     contract = tool.contract
     problem = _permission_problem(run, contract.scope.permissions)
     if problem is not None:
@@ -105,6 +112,8 @@ def contract_refusal(
             f"{tool.name} was not executed: the user who started this run may not "
             "use it",
         )
+    if continuation:
+        return None
     over_run_quota = run_quota_refusal(tool, ledger)
     if over_run_quota is not None or not first_attempt:
         return over_run_quota

@@ -18,6 +18,7 @@ from mcp.server.mcpserver.resolve import Elicit, Resolve
 from pydantic import BaseModel
 
 from approvals.models import ApprovalRequest, Question
+from budgets.quotas import tool_quota_used
 from runs.models import McpTool, Run, ToolCall
 from runs.services import run_start
 from runs.services.decide import approval_decide
@@ -161,3 +162,39 @@ def test_an_elicitation_waits_for_a_person_and_the_rerun_call_completes(
     call.refresh_from_db()
     assert call.status == ToolCall.Status.SUCCEEDED, call.result
     assert call.result["data"]["structured"] == {"written": "out.txt"}
+
+
+def test_the_rerun_with_the_answer_is_the_same_call_for_quotas_and_counts(
+    tenant, admin_user, operator_user, scripted_agent, api_client_for, notes, worker
+):
+    """The call that asked and its re-run with the answer are one call: a
+    quota of one per run and one per day lets it complete, and both count 1."""
+    world, _http = notes
+    tool = McpTool.objects.get(name="write_note")
+    mcp_tool_configure(
+        tool=tool, actor=None, data={"requires_approval": False, "quota": "1/run;1/day"}
+    )
+    agent = scripted_agent(SCRIPT, ["mcp:notes/write_note"])
+    run = run_start(
+        tenant=tenant, agent_slug=agent.slug, input="note it", started_by=None
+    )
+    approval = wait_for(
+        lambda: ApprovalRequest.objects.filter(run=run, status="pending").first(),
+        what="the approval of the write",
+    )
+    approval_decide(request=approval, decided_by=admin_user, approve=True)
+    question = wait_for(
+        lambda: Question.objects.filter(run=run, status="pending").first(),
+        what="the server's question",
+    )
+    client = api_client_for(operator_user, tenant)
+    url = f"/api/v1/questions/{question.id}/answer/"
+    assert client.post(url, {"answer": "true"}, format="json").status_code == 200
+    run = settled(run)
+    call = ToolCall.objects.get(run=run, call_id="c1")
+    assert call.status == ToolCall.Status.SUCCEEDED, call.result
+    assert world.written == [("out.txt", "hello")]
+    assert run.tool_calls == 1
+    bucket = "notes_write_note"
+    assert run.engine_state["contract"]["quota_used"] == {bucket: 1}
+    assert tool_quota_used(tenant_id=tenant.id, bucket=bucket, period="day") == 1
