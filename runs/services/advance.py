@@ -91,7 +91,7 @@ from runs.models import Run, Step
 from runs.models import ToolCall as ToolCallRow
 from runs.runtime import RunRuntime, runtime_for
 from runs.services.admission import budget_run_ended
-from runs.services.branches import run_recover_overflow
+from runs.services.branches import recovery_allowed, run_recover_overflow
 from runs.services.compaction import (
     CompactionFailed,
     CompactionRefused,
@@ -490,8 +490,8 @@ def _ask_model(ctx: StepContext) -> tuple[Step, Any, list[ToolCallRow]]:
         if asked:
             _finish(ctx, StopReason.CANCELLED, detail="cancelled by an operator")
         # Once per branch: a recovery branch that overflows again ends with the
-        # model's error. A sub-agent run's parent waits for that run itself.
-        if reply.is_context_overflow and not recovering and not ctx.run.parent_run_id:
+        # model's error, as do runs others wait for as they are (docs/engine.md).
+        if reply.is_context_overflow and not recovering and recovery_allowed(ctx.run):
             _finish_overflowed(ctx, reply)
         _finish(ctx, StopReason.MODEL_ERROR, detail=str(reply))
     assert isinstance(reply, ModelReply)

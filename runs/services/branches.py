@@ -37,6 +37,7 @@ from runs.engine.loop import EngineState
 from runs.engine.session import SessionEntry as Entry
 from runs.engine.session import SessionLogError, session_path
 from runs.engine.stop import StopReason
+from runs.eval_models import EvalTrial
 from runs.models import Run, SessionBranch, SessionEntry, Step, ToolCall
 from runs.services.admission import budget_admit_run, run_slot_claim
 from runs.services.dispatch import step_enqueue
@@ -47,6 +48,7 @@ __all__ = [
     "RETRYABLE_STATUSES",
     "BranchRefused",
     "run_fork",
+    "recovery_allowed",
     "run_recover_overflow",
     "run_retry",
 ]
@@ -161,6 +163,15 @@ def run_retry(*, run: Run, actor: User | None) -> Run:
             actor=actor,
             replies_before=replies + failed_call,
         )
+
+
+def recovery_allowed(run: Run) -> bool:
+    """Whether an overflow of the run goes on in a recovery branch: not for a
+    run another waits for as it is, a sub-agent run (its parent's call) or an
+    eval trial (its grade reads that run's calls and answer)."""
+    if run.parent_run_id is not None:
+        return False
+    return not EvalTrial.objects.filter(run_id=run.id).exists()
 
 
 def run_recover_overflow(*, run: Run, hide: str) -> Run | None:

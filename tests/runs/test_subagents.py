@@ -22,7 +22,7 @@ from approvals.models import ApprovalRequest
 from approvals.rules import approval_rule_create
 from budgets.models import ModelPriceEntry
 from runs.engine.observation import TRUST_LABEL
-from runs.models import AgentVersion, Run, ToolCall
+from runs.models import AgentVersion, Run, SessionBranch, ToolCall
 from runs.services import recover_stalled_runs, run_cancel, run_start
 from runs.services.decide import approvals_expire
 from runs.spans import root_span_id, subagent_span_id
@@ -654,3 +654,33 @@ def test_a_parent_killed_after_an_approved_start_never_starts_it_twice(
     (child,) = Run.objects.filter(parent_run=parent)
     assert child.final_answer == ANSWER
     assert ToolCall.objects.get(run=parent, call_id="call_r").status == "succeeded"
+
+
+def test_a_child_whose_call_overflows_ends_with_the_models_error_and_no_branch(
+    tenant, operator_user, two_workers
+):
+    """The parent waits for the child run itself: an overflow in the child is
+    the child's model error (no recovery branch the parent would not see), and
+    the parent's model hears how it stopped."""
+    overflow = {"error": {"kind": "context_overflow", "message": "too long"}}
+    make_agent(tenant, "researcher", script=[overflow, {"text": ANSWER}])
+    parent_agent = make_agent(
+        tenant, "lead",
+        subagents=[{"agent": "researcher", "description": "Looks up orders."}],
+        script=[
+            {"tool_calls": [delegate("call_r", "researcher", "When did 4821 ship?")]},
+            {"text": "The researcher could not answer."},
+        ],
+    )  # fmt: skip
+    parent = run_start(tenant=tenant, agent_slug=parent_agent.slug,
+                       input="Where is order 4821?",
+                       started_by=operator_user)  # fmt: skip
+    parent = settled(parent)
+    (child,) = Run.objects.filter(parent_run=parent)
+    assert (child.status, child.stop_reason) == ("failed", "model_error")
+    assert not SessionBranch.objects.exists()
+    result = json.loads(model_inputs(parent)[1][-1]["content"])
+    assert (
+        not result["ok"]
+        and "context_overflow: too long" in (result["error"]["message"])
+    ), result
