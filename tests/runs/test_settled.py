@@ -237,7 +237,7 @@ def test_a_run_whose_ending_lost_its_worker_is_settled_by_the_sweep(
     assert runs_settle_stranded(now=later) == 0
 
 
-def test_a_run_ended_while_waiting_settles_and_its_answer_is_the_api_s(
+def test_a_run_cancelled_while_waiting_reads_settled_at_once(
     shop, scripted_agent, operator_user, drive_run, api_client_for
 ):
     agent = scripted_agent([REPLACE, SHIPPED], ["create_replacement"])
