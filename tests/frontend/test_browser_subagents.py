@@ -5,14 +5,17 @@ an approval inside a child says which parent run it serves."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 import pytest
 from playwright.sync_api import expect
 
+from approvals.models import ApprovalRequest
 from runs.models import Run
 from runs.services import run_cancel, run_start
+from runs.services.decide import approval_decide
 from tests.agents import make_agent
 from tests.conftest import wait_for
 
@@ -107,6 +110,146 @@ def test_an_approval_inside_a_child_names_the_parent_it_serves(
         )
     finally:
         run_cancel(run=parent, actor=operator_user)
+
+
+def test_a_running_childs_spans_show_live_under_the_calling_span(
+    tenant: Any, operator_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    make_agent(
+        tenant, "writer", tools=["echo"],
+        tool_settings={"echo": {"approval": "always"}},
+        script=[{"tool_calls": [{"id": "e1", "name": "echo",
+                                 "arguments": {"text": "first line"}}]},
+                {"tool_calls": [{"id": "e2", "name": "echo",
+                                 "arguments": {"text": "second line"}}]},
+                {"text": "Wrote both lines."}],
+    )  # fmt: skip
+    make_agent(
+        tenant, "lead", subagents=["writer"],
+        script=[{"tool_calls": [{"id": "call_w", "name": "agent__writer",
+                                 "arguments": {"task": "Write two lines."}}]},
+                {"text": "The writer is done."}],
+    )  # fmt: skip
+    parent = run_start(tenant=tenant, agent_slug="lead", input="Go",
+                       started_by=operator_user)  # fmt: skip
+
+    def pending(call_id: str) -> ApprovalRequest | None:
+        return ApprovalRequest.objects.filter(
+            run__parent_run=parent, status="pending", tool_call__call_id=call_id
+        ).first()
+
+    first = wait_for(lambda: pending("e1"), timeout=60, what="the child asks for e1")
+    page = open_page(operator_user, f"/runs/{parent.id}/")
+    call = page.locator(".trow", has_text="execute_tool agent__writer")
+    expect(call).to_have_count(1)
+    child_root = page.locator(".trow", has_text="invoke_agent writer")
+    expect(child_root).to_have_attribute(
+        "aria-level", str(int(call.get_attribute("aria-level") or 0) + 1)
+    )
+    approvals = page.locator(".trow", has_text="approval echo")
+    expect(approvals).to_have_count(1)
+    expect(page.locator(".trow", has_text="execute_tool echo")).to_have_count(0)
+
+    # The child goes on (its first call approved) and stops at its second
+    # call: the parent's page, not reloaded, shows what the child did since.
+    approval_decide(request=first, decided_by=operator_user, approve=True)
+    second = wait_for(lambda: pending("e2"), timeout=60, what="the child asks for e2")
+    executed = page.locator(".trow", has_text="execute_tool echo")
+    expect(executed).to_have_count(1)
+    expect(approvals).to_have_count(2)
+    expect(page.locator(".trow", has_text="chat scripted")).to_have_count(3)
+    # Below the calling span: the child's spans are deeper than its root.
+    child_level = int(child_root.get_attribute("aria-level") or 0)
+    assert int(executed.get_attribute("aria-level") or 0) > child_level
+    executed.click()
+    expect(page.locator("#detail")).to_contain_text("first line")
+    assert page.evaluate("window.cpSubagents.following") == [str(second.run_id)]
+    # The child's pending call is decided from the parent's page.
+    approvals.nth(1).click()
+    detail = page.locator("#detail")
+    expect(detail).to_contain_text("Waiting for approval")
+    expect(detail.get_by_label("Arguments (edit to change what runs)")).to_have_value(
+        re.compile("second line")
+    )
+    assert Run.objects.get(id=second.run_id).status == "waiting_approval"
+    parent.refresh_from_db()
+    assert not parent.is_terminal
+
+    # Approved, the child answers and the parent ends: the answer is there.
+    approvals.nth(1).get_by_role("button", name="Approve echo", exact=True).click()
+    assert settled(parent).final_answer == "The writer is done.", parent.stop_detail
+    expect(executed).to_have_count(2)
+    # Read live and read again at the call's end: each span once.
+    expect(page.locator(".trow", has_text="chat scripted")).to_have_count(5)
+    # The child's stream closed with its call; the page's own stays live.
+    page.wait_for_function("() => window.cpSubagents.following.length === 0")
+    expect(page.locator("#conn")).to_have_text("● Live")
+    child_root.click()
+    expect(page.locator("#detail")).to_contain_text("Wrote both lines.")
+    page.reload()
+    expect(page.locator(".trow", has_text="execute_tool echo")).to_have_count(2)
+    expect(page.locator(".trow", has_text="approval echo")).to_have_count(2)
+    expect(page.locator(".trow", has_text="chat scripted")).to_have_count(5)
+
+
+def test_a_grandchilds_spans_show_live_under_its_calling_span(
+    tenant: Any, operator_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    make_agent(
+        tenant, "writer", tools=["echo"],
+        tool_settings={"echo": {"approval": "always"}},
+        script=[{"tool_calls": [{"id": "e1", "name": "echo",
+                                 "arguments": {"text": "first line"}}]},
+                {"tool_calls": [{"id": "e2", "name": "echo",
+                                 "arguments": {"text": "second line"}}]},
+                {"text": "Wrote both lines."}],
+    )  # fmt: skip
+    make_agent(
+        tenant, "editor", subagents=["writer"],
+        script=[{"tool_calls": [{"id": "call_w", "name": "agent__writer",
+                                 "arguments": {"task": "Write two lines."}}]},
+                {"text": "Edited."}],
+    )  # fmt: skip
+    make_agent(
+        tenant, "lead", subagents=["editor"],
+        script=[{"tool_calls": [{"id": "call_e", "name": "agent__editor",
+                                 "arguments": {"task": "Get two lines written."}}]},
+                {"text": "All done."}],
+    )  # fmt: skip
+    parent = run_start(tenant=tenant, agent_slug="lead", input="Go",
+                       started_by=operator_user)  # fmt: skip
+
+    def pending(call_id: str) -> ApprovalRequest | None:
+        return ApprovalRequest.objects.filter(
+            run__parent_run__parent_run=parent, status="pending",
+            tool_call__call_id=call_id,
+        ).first()  # fmt: skip
+
+    first = wait_for(lambda: pending("e1"), timeout=60, what="the grandchild asks")
+    page = open_page(operator_user, f"/runs/{parent.id}/")
+    grandchild_call = page.locator(".trow", has_text="execute_tool agent__writer")
+    expect(grandchild_call).to_have_count(1)
+    grandchild_root = page.locator(".trow", has_text="invoke_agent writer")
+    expect(grandchild_root).to_have_attribute(
+        "aria-level", str(int(grandchild_call.get_attribute("aria-level") or 0) + 1)
+    )
+    executed = page.locator(".trow", has_text="execute_tool echo")
+    expect(executed).to_have_count(0)
+
+    approval_decide(request=first, decided_by=operator_user, approve=True)
+    second = wait_for(lambda: pending("e2"), timeout=60, what="the second ask")
+    expect(executed).to_have_count(1)
+    expect(page.locator(".trow", has_text="approval echo")).to_have_count(2)
+    executed.click()
+    expect(page.locator("#detail")).to_contain_text("first line")
+    assert Run.objects.get(id=second.run_id).status == "waiting_approval"
+
+    approval_decide(request=second, decided_by=operator_user, approve=True)
+    assert settled(parent).final_answer == "All done.", parent.stop_detail
+    expect(executed).to_have_count(2)
+    grandchild_root.click()
+    expect(page.locator("#detail")).to_contain_text("Wrote both lines.")
+    expect(page.locator(".trow", has_text="chat scripted")).to_have_count(7)
 
 
 def test_the_agent_form_edits_sub_agents_and_names_a_bad_one(

@@ -13,6 +13,7 @@ import { TraceFinder } from "./trace_find.js";
 import { TimeAxis } from "./time_axis.js";
 import { askDenyReason } from "./deny_dialog.js";
 import { gauge } from "./gauge.js";
+import { SubagentRuns } from "./subagent_runs.js";
 import { egressList, payloadSections, totalsTable } from "./span_data.js";
 
 const root = document.getElementById("run-root");
@@ -21,7 +22,7 @@ const canDecide = root.dataset.canDecide === "1";
 
 const model = (window.cpTrace = new TraceModel());
 let run = null;
-let approvals = new Map(); // id -> approval of this run
+let approvals = new Map(); // id -> approval of this run or of a sub-agent run under it
 // Milestones in ms since navigation start (read by bench/bench_ui.py).
 const perf = (window.cpPerf = { start: performance.now() });
 
@@ -151,7 +152,9 @@ function approvalNode(approval) {
 
 async function loadApprovals() {
   try {
-    const rows = rowsOf(await api(`/api/v1/approvals/?run=${runId}&limit=200`));
+    // This run's and its sub-agent runs' (a child's call waits in the child).
+    const pages = await Promise.all([runId, ...subagents.ids].map((id) => api(`/api/v1/approvals/?run=${id}&limit=200`)));
+    const rows = pages.flatMap(rowsOf);
     approvals = new Map(rows.map((a) => [a.id, a]));
   } catch { /* keep what we have */ }
   renderBanner();
@@ -411,7 +414,7 @@ function applyEvent(event) {
     if (firstEvent(event) && node.children && (!known || node.children.length === 0)) {
       node.expanded = true;
     }
-    loadSubagent(node);
+    subagents.see(node);
     if (view.selectedId === node.id) selectSpan(node, { refetch: type !== "span.started" });
     if (type !== "span.started" && (event.payload.attributes || {})["cp.approval.status"]) loadApprovalsSoon();
     view.schedule();
@@ -430,36 +433,24 @@ function applyEvent(event) {
 const loadApprovalsSoon = throttle(loadApprovals, 250);
 
 // ---- sub-agent runs -----------------------------------------------------------------
-// A call that started a sub-agent run names it (cp.subagent.run_id): the child's
-// spans, from its own run's log, join the tree under the call (its root's
-// parent is the call's span: one trace). Loaded when the call starts and again
-// when it ends; a grandchild's run joins the same way.
+// A call's child run joins the tree under the call, live while the call is
+// open (subagent_runs.js); a grandchild's run joins the same way.
 
-const subagentRuns = new Map(); // child run id -> "running" | "ended" (what was loaded)
-
-async function loadSubagent(node) {
-  const child = (node.s.attributes || {})["cp.subagent.run_id"];
-  if (!child) return;
-  const phase = node.s.ended_at ? "ended" : "running";
-  if (subagentRuns.get(child) === "ended" || subagentRuns.get(child) === phase) return;
-  subagentRuns.set(child, phase);
-  try {
-    const events = rowsOf(await api(`/api/v1/runs/${child}/events/?after_seq=0&limit=1000`));
-    for (const event of events) {
-      const type = event.type || "";
-      if (type !== "span.started" && type !== "span.ended" && type !== "span.abandoned") continue;
-      const span = model.upsert(event.payload, { complete: firstEvent(event) });
-      if (firstEvent(event) && span.children) span.expanded = true;
-      loadSubagent(span);
-    }
-    node.expanded = true;
-    model.version += 1;
-    view.schedule();
-  } catch (error) {
-    subagentRuns.delete(child);
-    flash(`Could not load the sub-agent run ${child.slice(0, 8)}: ${error.message}`);
-  }
-}
+const subagents = (window.cpSubagents = new SubagentRuns({
+  model,
+  hooks: {
+    schedule: () => view.schedule(),
+    flash: (m) => flash(m),
+    onDelta: (frame) => applyDelta(frame),
+    onRun: () => loadApprovalsSoon(),
+    onEvent: (event, node) => {
+      if (node && view.selectedId === node.id) selectSpan(node, { refetch: event.type !== "span.started" });
+      // A child's calls that wait for a person are decided here too.
+      const asked = node && event.type !== "span.started" && (event.payload.attributes || {})["cp.approval.status"];
+      if (asked || (event.type || "").startsWith("approval.")) loadApprovalsSoon();
+    },
+  },
+}));
 
 // ---- span detail panel ----------------------------------------------------------
 
@@ -583,7 +574,7 @@ try {
 }
 await header;
 // Sub-agent runs the loaded calls started join the tree (in the background).
-for (const node of [...model.nodes.values()]) loadSubagent(node);
+for (const node of [...model.nodes.values()]) subagents.see(node);
 perf.loaded = performance.now();
 view.schedule();
 renderBanner();

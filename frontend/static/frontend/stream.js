@@ -40,8 +40,10 @@ export class Stream {
   // poll(cursor) -> events after cursor (null: nothing to poll);
   // heartbeatSeconds: the interval assumed until the server's hello says it.
   // onDelta(frame): live text of a running span (not in the log; display only).
-  constructor({ path, cursorParam, cursor = null, cursorOf, onEvent, onDelta, onResync, poll, onFatal, heartbeatSeconds = 20 }) {
-    Object.assign(this, { path, cursorParam, cursor, cursorOf, onEvent, onDelta, onResync, poll, onFatal });
+  // quiet: a stream the page follows beside its own (a sub-agent's run): its
+  // state is its own, the header's connection badge stays the page's stream's.
+  constructor({ path, cursorParam, cursor = null, cursorOf, onEvent, onDelta, onResync, poll, onFatal, heartbeatSeconds = 20, quiet = false }) {
+    Object.assign(this, { path, cursorParam, cursor, cursorOf, onEvent, onDelta, onResync, poll, onFatal, quiet });
     this.failures = 0;
     this.state = "connecting";
     this.heartbeatMs = heartbeatSeconds * 1000;
@@ -69,6 +71,7 @@ export class Stream {
 
   setState(state, detail = "") {
     this.state = state;
+    if (this.quiet) return;
     document.body.dataset.stream = state;
     showConnection(state, detail);
   }
@@ -162,7 +165,7 @@ export class Stream {
         for (const event of events || []) this.accept(event);
         if (this.cursor == null && this.onResync) this.onResync();
       } catch {
-        showConnection("reconnecting");
+        if (!this.quiet) showConnection("reconnecting");
       }
       if (this.pollTimer) this.pollTimer = setTimeout(tick, 2000);
     };
