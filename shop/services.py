@@ -1,5 +1,6 @@
 """Writes to the demo shop that are not a tool's: fresh worlds for eval trials
-and demo scripts, and a refund made outside any run."""
+and demo scripts (and their removal once no run acts in them), and a refund
+made outside any run."""
 
 from __future__ import annotations
 
@@ -9,11 +10,17 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from controlplane.models import Tenant
 from shop.models import Refund, ShopOrder, ShopWorld
 
-__all__ = ["shop_order_refund_in_full", "shop_world_create", "shop_worlds_create"]
+__all__ = [
+    "shop_order_refund_in_full",
+    "shop_world_create",
+    "shop_worlds_create",
+    "shop_worlds_purge",
+]
 
 
 @transaction.atomic
@@ -57,6 +64,17 @@ def shop_world_create(
 ) -> ShopWorld:
     """One new world holding exactly `orders` (see shop_worlds_create)."""
     return shop_worlds_create(tenant=tenant, orders=orders, labels=[label])[0]
+
+
+def shop_worlds_purge(
+    *, tenant: Tenant, made_before: dt.datetime, in_use: QuerySet[Any]
+) -> int:
+    """Delete the tenant's worlds made before `made_before` that no run acts in
+    (`in_use`: the world ids runs name), with their orders, replacements and
+    refunds. Returns how many worlds went."""
+    unused = ShopWorld.objects.filter(tenant=tenant, created_at__lt=made_before)
+    deleted = unused.exclude(id__in=in_use).delete()[1]
+    return deleted.get(ShopWorld._meta.label, 0)
 
 
 @transaction.atomic

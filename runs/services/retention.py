@@ -1,5 +1,6 @@
 """Deleting runs: one run through the API, and a tenant's expired runs by beat
-(with the end users' memory files nobody wrote to since the cutoff).
+(with the end users' memory files nobody wrote to since the cutoff, and the
+eval trials' shop worlds no run acts in any more).
 
 A run goes with everything recorded about it: its steps, tool calls, approval
 requests and their decisions, spans, run events, and the span payloads no other
@@ -31,6 +32,7 @@ from controlplane.services import audit_record
 from runs.memory import memory_retention_purge
 from runs.models import Run, Step, ToolCall
 from runs.services.lifecycle import RunConflict
+from shop.services import shop_worlds_purge
 from tracing.models import RunEvent, Span, SpanPayload
 
 __all__ = [
@@ -78,6 +80,8 @@ class RetentionReport:
     more: bool = False
     # End users' memory files not written since the cutoff (runs.memory).
     memory_files: int = 0
+    # Eval trials' shop worlds made before the cutoff that no run acts in.
+    shop_worlds: int = 0
 
 
 def _digests(refs: Iterable[dict[str, Any]]) -> set[str]:
@@ -296,7 +300,14 @@ def tenant_retention_apply(
     # Memory outlives the runs that wrote it, but not the tenant's retention:
     # a file nobody wrote to since the cutoff goes (docs/memory.md).
     report.memory_files = memory_retention_purge(tenant=tenant, cutoff=cutoff)
-    if report.deleted.runs or report.memory_files:
+    # An eval trial's world outlives its run only until the run is gone (a
+    # branch of the run acts in it too: it is kept while one is).
+    report.shop_worlds = shop_worlds_purge(
+        tenant=tenant,
+        made_before=cutoff,
+        in_use=Run.objects.filter(world_id__isnull=False).values("world_id"),
+    )
+    if report.deleted.runs or report.memory_files or report.shop_worlds:
         audit_record(
             tenant=tenant,
             actor=None,
@@ -310,6 +321,7 @@ def tenant_retention_apply(
                 "more": report.more,
                 "deleted": report.deleted.as_dict(),
                 "memory_files": report.memory_files,
+                "shop_worlds": report.shop_worlds,
             },
         )
     return report

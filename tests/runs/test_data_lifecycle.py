@@ -18,7 +18,10 @@ from runs.demo import demo_seed_shop
 from runs.models import Agent, Run, Step, ToolCall
 from runs.services import run_start
 from runs.services.decide import approval_decide
+from runs.services.retention import tenant_retention_apply
 from runs.tasks import retention_sweep_task
+from shop.models import ShopOrder, ShopWorld
+from shop.services import shop_worlds_create
 from tests.conftest import start_worker, wait_for
 from tests.runs.conftest import drive
 from tests.tracing.test_secrets_never_shown import SECRETS, partner_api
@@ -465,3 +468,42 @@ def test_beat_schedules_the_retention_pass(settings: Any) -> None:
     entry = settings.CELERY_BEAT_SCHEDULE["runs-retention"]
     assert app.tasks[entry["task"]].name == retention_sweep_task.name
     assert entry["schedule"] == settings.DATA_RETENTION_INTERVAL_SECONDS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retention_removes_the_eval_worlds_no_run_acts_in_any_more(
+    demo_agent: Agent, operator_user: Any, other_tenant: Tenant
+) -> None:
+    """An eval trial's shop world goes with the tenant's retention once no run
+    acts in it: one whose run expired and one no run ever used go; one a
+    recent run acts in, one made since the cutoff, the tenant's real shop and
+    another tenant's old world stay."""
+    tenant = demo_agent.tenant
+    order = {"order_id": "4821", "customer": "Ada", "item": "Kettle", "amount": 30}
+    expired, in_use, never_used, recent = shop_worlds_create(
+        tenant=tenant, orders=[order], labels=["expired", "in use", "never", "recent"]
+    )
+    (elsewhere,) = shop_worlds_create(
+        tenant=other_tenant, orders=[order], labels=["other tenant"]
+    )
+    old = timezone.now() - dt.timedelta(days=40)
+    ShopWorld.objects.exclude(id=recent.id).update(created_at=old)
+    gone_run = _demo_run(demo_agent, operator_user)
+    kept_run = _demo_run(demo_agent, operator_user)
+    Run.objects.filter(id=gone_run.id).update(world_id=expired.id)
+    Run.objects.filter(id=kept_run.id).update(world_id=in_use.id)
+    _age(gone_run, 40)
+    real_orders = ShopOrder.objects.filter(tenant=tenant, world=None).count()
+    assert real_orders > 0  # the demo's shop
+
+    report = tenant_retention_apply(tenant=tenant, retention_days=30)
+
+    assert report.deleted.runs == 1 and report.shop_worlds == 2
+    left = set(ShopWorld.objects.values_list("label", flat=True))
+    assert left == {"in use", "recent", "other tenant"}
+    assert not ShopOrder.objects.filter(world_id__in=[expired.id, never_used.id])
+    assert ShopOrder.objects.filter(world=in_use).count() == 1
+    assert ShopOrder.objects.filter(world=elsewhere).count() == 1
+    assert ShopOrder.objects.filter(tenant=tenant, world=None).count() == real_orders
+    audit = AuditEvent.objects.get(tenant=tenant, action="data.retention")
+    assert audit.after["shop_worlds"] == 2
