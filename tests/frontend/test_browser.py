@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 from approvals.models import ApprovalRequest
 from runs.demo import DEMO_INPUT, demo_seed_shop
 from runs.models import Run
-from runs.services import run_start
+from runs.services import run_cancel, run_start
 from tests.conftest import wait_for
 from tests.frontend.conftest import DaphneServer
 from tracing.models import Span
@@ -388,3 +388,32 @@ def test_inbox_shows_a_budget_extension_and_approving_it_resumes_the_run(
     assert ApprovalRequest.objects.get(run=run, kind="budget_extension").status == (
         "approved"
     )
+
+
+def test_a_run_that_ends_while_its_page_loads_shows_its_end_in_the_header(
+    shop: Any, operator_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    """The header is read beside the trace: a run that ends after the header's
+    read and before the trace's is shown ended (its end came with the trace,
+    not as a stream event). Held here: the trace's reads until the run ended."""
+    run = waiting_run(shop, operator_user)
+    page = open_page(operator_user, "/runs/")
+    held: list[Any] = []
+    released = False
+
+    def hold(route: Any) -> None:
+        if released:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route(f"**/api/v1/runs/{run.id}/events/**", hold)
+    page.goto(f"/runs/{run.id}/", wait_until="commit")
+    expect(page.locator("#run-status")).to_contain_text("waiting")
+    assert held, "the trace was not read through the events endpoint"
+    run_cancel(run=run, actor=operator_user)
+    released = True
+    for route in held:
+        route.continue_()
+    expect(page.locator("#run-status")).to_contain_text("cancelled")
+    expect(page.get_by_test_id("run-settled")).to_have_text("complete")

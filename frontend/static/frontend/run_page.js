@@ -584,6 +584,9 @@ requestAnimationFrame(() => { perf.interactive = performance.now(); document.bod
 if (settleCursor) {
   try { await settleCursor(); } catch (error) { flash(`Could not load the trace: ${error.message}`); }
 }
+// The header was read beside the trace: what happened between that read and the
+// stream's cursor (the run ending, say) came with the trace, not as an event.
+if (!run || !run.settled) await loadRun();
 window.cpStream = new Stream({
   path: `/ws/runs/${runId}/`,
   cursorParam: "after_seq",
