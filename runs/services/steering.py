@@ -22,10 +22,11 @@ from django.utils import timezone
 
 from controlplane.failpoints import failpoint
 from controlplane.services import audit_record
+from runs.branch_selectors import recovery_links
 from runs.engine.loop import EngineState
 from runs.engine.steering import Steering, deliver_steering, steering_text_problem
 from runs.engine.step import pending_tool_calls
-from runs.models import Run, RunMessage, SessionBranch
+from runs.models import Run, RunMessage
 from runs.services.admission import run_slot_claim
 from runs.services.dispatch import step_enqueue
 from runs.services.lifecycle import RunConflict, RunInputError
@@ -123,11 +124,7 @@ def _continuable_or_conflict(run: Run) -> None:
         raise RunConflict(
             run, f"the run ended as {run.status}; it cannot continue: start a new run"
         )
-    recovery = (
-        SessionBranch.objects.filter(branch_of=run, kind=SessionBranch.Kind.RECOVERY)
-        .values_list("run_id", flat=True)
-        .first()
-    )
+    recovery = recovery_links(run_id=run.id)[0]
     if recovery is not None:
         raise RunConflict(
             run,
