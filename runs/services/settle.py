@@ -28,9 +28,10 @@ __all__ = ["run_settle"]
 
 def run_settle(*, run_id: uuid.UUID | str) -> bool:
     """Mark the ended run settled unless its recovery branch still goes on,
-    then the run it recovers (which settles with it). The caller has run its
-    hooks and continued it for a queued message if it could. Returns whether
-    it is settled."""
+    then the run it recovers (which settles with it, in the same transaction:
+    no reader sees a recovery complete and the run it recovers still going).
+    The caller has run its hooks and continued it for a queued message if it
+    could. Returns whether it is settled."""
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(id=run_id).first()
         if run is None or not run.is_terminal:
@@ -49,8 +50,8 @@ def run_settle(*, run_id: uuid.UUID | str) -> bool:
             run_id=run.id, kind=SessionBranch.Kind.RECOVERY
         )
         recovered = recovery.values_list("branch_of_id", flat=True).first()
-    if recovered is not None:
-        run_settle(run_id=recovered)
+        if recovered is not None:
+            run_settle(run_id=recovered)
     return True
 
 

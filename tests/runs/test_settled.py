@@ -8,10 +8,12 @@ from the branch's context by a `context_edit`."""
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
@@ -21,6 +23,7 @@ from runs.models import Run, SessionBranch, SessionEntry
 from runs.services import run_start
 from runs.services.decide import approval_decide
 from runs.services.recovery import runs_settle_stranded
+from runs.services.settle import run_settle
 from tests.conftest import wait_for
 from tracing.models import RunEvent, Span
 from tracing.selectors import run_spans_with_payloads
@@ -255,3 +258,72 @@ def test_a_run_cancelled_while_waiting_reads_settled_at_once(
     assert client.post(f"/api/v1/runs/{run.id}/cancel/").status_code == 200
     body = client.get(f"/api/v1/runs/{run.id}/").json()
     assert body["status"] == "cancelled" and body["settled"] is True
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="holds a row lock SQLite does not have"
+)
+def test_no_reader_sees_a_recovery_settled_before_the_run_it_recovers(
+    shop, scripted_agent, operator_user, drive_run
+):
+    agent = scripted_agent(
+        [*LOOKUPS, OVERFLOW, REPLACE, SHIPPED], ["echo", "create_replacement"]
+    )
+    first = drive_run(
+        run_start(
+            tenant=shop, agent_slug=agent.slug, input="Order 4821 is damaged",
+            started_by=operator_user,
+        )  # fmt: skip
+    )
+    recovery = drive_run(SessionBranch.objects.get(branch_of=first).run)
+    approval_decide(
+        request=ApprovalRequest.objects.get(run=recovery),
+        decided_by=operator_user,
+        approve=True,
+    )
+    recovery = drive_run(recovery)
+    assert recovery.is_terminal
+    # Both ended and not yet settled, the recovery's settle about to run while
+    # another transaction holds the first run's row.
+    Run.objects.filter(id__in=[first.id, recovery.id]).update(settled_at=None)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_first_run() -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update().get(id=first.id)
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    def settle_the_recovery() -> None:
+        try:
+            run_settle(run_id=recovery.id)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_first_run)
+    holder.start()
+    assert holding.wait(30)
+    settler = threading.Thread(target=settle_the_recovery)
+    settler.start()
+    wait_for(lambda: lock_waiters() > 0, timeout=30, what="the settle waits")
+    # What the API reads meanwhile: the pair is settled together or not at all.
+    seen = {reread(first).settled_at is None, reread(recovery).settled_at is None}
+    release.set()
+    holder.join(30)
+    settler.join(30)
+    assert seen == {True}
+    first, recovery = reread(first), reread(recovery)
+    assert first.settled_at is not None and recovery.settled_at is not None
+    assert first.settled_at >= recovery.settled_at
+
+
+def lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return int(cursor.fetchone()[0])
