@@ -150,7 +150,9 @@ def test_deny_asks_for_a_reason_and_a_stale_page_shows_why_its_decision_failed(
         "button", name="Approve create_replacement"
     )
     expect(stale_approve).to_be_visible()
-    # The stale page stops listening, so its button outlives the decision.
+    # The stale page stops listening (once it has started to, after its trace
+    # and a second read of the run), so its button outlives the decision.
+    stale.wait_for_function("() => window.cpStream")
     stale.evaluate("() => window.cpStreams.forEach((s) => s.stop())")
 
     deny.click()

@@ -139,15 +139,20 @@ def test_the_run_page_on_a_phone_with_a_sticky_decision_bar(
     page = open_page(operator_user, f"/runs/{run.id}/")
     page.set_viewport_size({"width": 390, "height": 844})
     page.reload()
+    # Laid out for good: the header is read again once the trace is in, then
+    # the stream starts.
+    page.wait_for_function("() => window.cpStream")
     bar = page.get_by_role("region", name="Pending decision")
     expect(bar).to_contain_text("create_replacement waits for you")
     box = bar.bounding_box()
     assert box is not None and box["y"] + box["height"] <= 844 and box["y"] > 600
     # Nothing wider than the screen; the facts read as words, not a letter a line.
     assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
-    for dd in page.locator("#run-facts dd").all():
-        width = dd.bounding_box()
-        assert width is not None and width["width"] > 100, dd.inner_text()
+    facts = page.eval_on_selector_all(
+        "#run-facts dd",
+        "(dds) => dds.map((dd) => [dd.textContent, dd.getBoundingClientRect().width])",
+    )
+    assert facts and all(width > 100 for _, width in facts), facts
     page.screenshot(path=str(SCREENSHOTS / "run-phone.png"))
     # The bar stays on screen while scrolling.
     page.mouse.wheel(0, 1500)
