@@ -271,7 +271,9 @@ def test_no_reader_sees_a_recovery_settled_before_the_run_it_recovers(
     )
     first = drive_run(
         run_start(
-            tenant=shop, agent_slug=agent.slug, input="Order 4821 is damaged",
+            tenant=shop,
+            agent_slug=agent.slug,
+            input="Order 4821 is damaged",
             started_by=operator_user,
         )  # fmt: skip
     )
