@@ -29,7 +29,7 @@ from controlplane.permissions import Action, Gate
 from controlplane.redaction import RedactedCharField, RedactedJSONField
 from controlplane.tenancy import tenant_of
 from runs import selectors, services
-from runs.branch_selectors import recovery_links
+from runs.branch_selectors import run_recovered, run_recovery
 from runs.engine.contracts import TOOL_NAME_PATTERN
 from runs.engine.evaluator import verdict_of
 from runs.engine.stop import StopReason
@@ -135,10 +135,10 @@ class RunDetailSerializer(RunSerializer):
     recovers = serializers.SerializerMethodField()
 
     def get_recovery_run(self, run: Run) -> str | None:
-        return recovery_links(run_id=run.id)[0]
+        return run_recovery(run_id=run.id)
 
     def get_recovers(self, run: Run) -> str | None:
-        return recovery_links(run_id=run.id)[1]
+        return run_recovered(run_id=run.id)
 
 
 class RunConflictDetailSerializer(ErrorDetailSerializer):

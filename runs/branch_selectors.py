@@ -69,15 +69,18 @@ def run_branches_for(
     return rows
 
 
-def recovery_links(*, run_id: Any) -> tuple[str | None, str | None]:
-    """(the recovery branch that goes on for the run, the run it recovers):
-    either is None when there is none (runs.services.settle)."""
+def run_recovery(*, run_id: Any) -> str | None:
+    """The run of the recovery branch that goes on for this run, if any
+    (runs.services.settle)."""
     kind = SessionBranch.Kind.RECOVERY
-    recovery = SessionBranch.objects.filter(branch_of_id=run_id, kind=kind)
-    goes_on = recovery.values_list("run_id", flat=True).first()
-    mine = SessionBranch.objects.filter(run_id=run_id, kind=kind)
-    recovers = mine.values_list("branch_of_id", flat=True).first()
-    return (
-        None if goes_on is None else str(goes_on),
-        None if recovers is None else str(recovers),
-    )
+    branch = SessionBranch.objects.filter(branch_of_id=run_id, kind=kind)
+    goes_on = branch.values_list("run_id", flat=True).first()
+    return None if goes_on is None else str(goes_on)
+
+
+def run_recovered(*, run_id: Any) -> str | None:
+    """The run this recovery branch's run recovers, if it is one."""
+    kind = SessionBranch.Kind.RECOVERY
+    branch = SessionBranch.objects.filter(run_id=run_id, kind=kind)
+    recovers = branch.values_list("branch_of_id", flat=True).first()
+    return None if recovers is None else str(recovers)

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from controlplane.failpoints import failpoint
 from controlplane.services import audit_record
-from runs.branch_selectors import recovery_links
+from runs.branch_selectors import run_recovery
 from runs.engine.loop import EngineState
 from runs.engine.steering import Steering, deliver_steering, steering_text_problem
 from runs.engine.step import pending_tool_calls
@@ -124,7 +124,7 @@ def _continuable_or_conflict(run: Run) -> None:
         raise RunConflict(
             run, f"the run ended as {run.status}; it cannot continue: start a new run"
         )
-    recovery = recovery_links(run_id=run.id)[0]
+    recovery = run_recovery(run_id=run.id)
     if recovery is not None:
         raise RunConflict(
             run,
