@@ -13,6 +13,7 @@ import pytest
 from playwright.sync_api import expect
 
 from approvals.models import ApprovalRequest
+from runs.demo import demo_seed_shop
 from runs.models import Run
 from runs.services import run_cancel, run_start
 from runs.services.decide import approval_decide
@@ -190,6 +191,15 @@ def test_a_running_childs_spans_show_live_under_the_calling_span(
     expect(page.locator(".trow", has_text="execute_tool echo")).to_have_count(2)
     expect(page.locator(".trow", has_text="approval echo")).to_have_count(2)
     expect(page.locator(".trow", has_text="chat scripted")).to_have_count(5)
+    # The child's decisions, listed in the parent's header, say whose they were.
+    decisions = page.get_by_test_id("run-decisions").locator("li")
+    expect(decisions).to_have_count(2)
+    for line in decisions.all():
+        expect(line).to_contain_text("approved by oscar-operator")
+        expect(line).to_contain_text(f"in sub-agent run {str(second.run_id)[:8]}")
+    expect(decisions.first.get_by_role("link")).to_have_attribute(
+        "href", f"/runs/{second.run_id}/"
+    )
 
 
 def test_a_grandchilds_spans_show_live_under_its_calling_span(
@@ -278,3 +288,42 @@ def test_the_agent_form_edits_sub_agents_and_names_a_bad_one(
     assert version.subagents == [
         {"agent": "researcher", "description": "Looks orders up."}
     ]
+
+
+def test_a_childs_denial_in_the_parents_outcome_names_the_child(
+    tenant: Any, operator_user: Any, open_page: Any, ui_worker: Any
+) -> None:
+    demo_seed_shop(tenant=tenant)
+    make_agent(
+        tenant, "fixer", tools=["create_replacement"],
+        script=[{"tool_calls": [{"id": "r1", "name": "create_replacement",
+                                 "arguments": {"order_id": "4821",
+                                               "reason": "arrived damaged"}}]},
+                {"text": "The replacement was refused."}],
+    )  # fmt: skip
+    make_agent(
+        tenant, "lead", subagents=["fixer"],
+        script=[{"tool_calls": [{"id": "call_f", "name": "agent__fixer",
+                                 "arguments": {"task": "Replace order 4821."}}]},
+                {"text": "A replacement is on its way."}],
+    )  # fmt: skip
+    parent = run_start(tenant=tenant, agent_slug="lead", input="Order 4821 is damaged",
+                       started_by=operator_user)  # fmt: skip
+    asked = wait_for(
+        lambda: ApprovalRequest.objects.filter(
+            run__parent_run=parent, status="pending"
+        ).first(),
+        timeout=60,
+        what="the child asks to replace",
+    )
+    approval_decide(
+        request=asked, decided_by=operator_user, approve=False, reason="Wrong order."
+    )
+    parent = settled(parent)
+    assert parent.status != Run.Status.SUCCEEDED, parent.status
+
+    page = open_page(operator_user, f"/runs/{parent.id}/")
+    expect(page.get_by_test_id("run-verdict")).to_contain_text(
+        f"create_replacement in sub-agent run {str(asked.run_id)[:8]} was denied"
+        " by oscar-operator: “Wrong order.”"
+    )

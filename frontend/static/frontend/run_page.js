@@ -108,8 +108,14 @@ function decisionOfApproval(approval) {
     tool: approvalLabel(approval), status: approval.status, decided_by: approval.decided_by,
     decided_at: approval.decided_at, scope: approval.scope, reason: approval.reason,
     args_edited_by: approval.args_edited_by, args_before: edited ? approval.original_args : null,
-    args_after: edited ? approval.args : null,
+    args_after: edited ? approval.args : null, run: approval.run,
   };
+}
+
+// A sub-agent run's decision listed on its parent's page says whose it was.
+function inChild(d) {
+  if (!d.run || d.run === runId) return null;
+  return [" in sub-agent ", el("a", { href: `/runs/${d.run}/`, text: `run ${d.run.slice(0, 8)}` })];
 }
 
 function decisionBox(d, testid) {
@@ -291,7 +297,7 @@ function renderRun() {
   const decided = [...approvals.values()].filter((a) => a.status !== "pending").map(decisionOfApproval);
   if (decided.length) {
     facts.push(["Decisions", el("ul", { class: "decisions" }, ...decided.map((d) => el("li", {},
-      el("code", { text: d.tool }), ` ${decisionSummary(d)}`,
+      el("code", { text: d.tool }), ` ${decisionSummary(d)}`, ...(inChild(d) || []),
       d.args_before != null ? el("span", { class: "small" }, el("br"), "before ", el("code", { "data-testid": "run-args-before", text: JSON.stringify(d.args_before) }),
         " → after ", el("code", { "data-testid": "run-args-after", text: JSON.stringify(d.args_after) })) : null))), "run-decisions"]);
   }
@@ -319,7 +325,10 @@ function outcomeText() {
   let text = `${run.status.replace(/_/g, " ")} — evaluation ${label}: ${reason}`;
   if (run.status !== "succeeded") {
     const denied = [...approvals.values()].filter((a) => a.status === "denied" || a.status === "expired");
-    for (const a of denied) text += `; ${approvalLabel(a)} was ${a.status}${a.decided_by ? ` by ${a.decided_by}` : ""}${a.reason ? `: “${a.reason}”` : ""}`;
+    for (const a of denied) {
+      const where = a.run && a.run !== runId ? ` in sub-agent run ${a.run.slice(0, 8)}` : "";
+      text += `; ${approvalLabel(a)}${where} was ${a.status}${a.decided_by ? ` by ${a.decided_by}` : ""}${a.reason ? `: “${a.reason}”` : ""}`;
+    }
   }
   return text;
 }
