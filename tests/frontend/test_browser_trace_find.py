@@ -169,6 +169,43 @@ def test_search_and_next_error_in_a_large_lazily_loaded_trace(
     page.screenshot(path=str(SCREENSHOTS / "trace-search.png"))
 
 
+def test_a_match_passed_before_it_was_drawn_does_not_pull_the_tree_back(
+    tenant: Any, operator_user: Any, open_page: Any
+) -> None:
+    trace = store_trace(tenant=tenant, user=operator_user, **LARGE)
+    page = opened(open_page(operator_user), f"/runs/{trace.run.id}/")
+    search = page.get_by_role("searchbox", name=re.compile("Search spans"))
+    search.fill("lookup_order #2")
+    status = page.locator("#search-status")
+    expect(status).to_have_text("1 of 130 matches")
+    page.get_by_role("tree").focus()
+    page.keyboard.press("N")  # round to the last: every match is in now
+    expect(status).to_have_text("130 of 130 matches")
+    page.keyboard.press("n")
+    page.keyboard.press("n")
+    expect(status).to_have_text("2 of 130 matches")
+    # N to the first match, then N again once the first is drawn but before
+    # its own scroll (two frames after) ran, as on a busy machine: the tree
+    # stays at the last match, the one the person asked for last.
+    page.evaluate(
+        """async () => {
+          const tree = document.getElementById("tree");
+          const press = () => tree.dispatchEvent(new KeyboardEvent(
+            "keydown", { key: "N", shiftKey: true, bubbles: true, cancelable: true }));
+          press();
+          await new Promise((drawn) => requestAnimationFrame(drawn));
+          press();
+        }"""
+    )
+    expect(status).to_have_text("130 of 130 matches")
+    last = page.locator(".trow.hit-current")
+    expect(last).to_be_in_viewport()
+    page.wait_for_timeout(500)  # what a late scroll would have moved by now
+    expect(last).to_be_in_viewport()
+    last_id = last.get_attribute("data-span")
+    assert Span.objects.get(span_id=last_id).parent_span_id == trace.steps[-1].span_id
+
+
 def test_deep_links_select_open_and_scroll_to_a_span_an_approval_and_ingested_span(
     tenant: Any, operator_user: Any, open_page: Any, daphne: Any
 ) -> None:
