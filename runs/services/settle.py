@@ -20,6 +20,7 @@ import uuid
 from django.db import transaction
 from django.utils import timezone
 
+from runs.branch_selectors import run_recovered
 from runs.models import Run, SessionBranch
 from tracing.services import run_event_append
 
@@ -46,10 +47,7 @@ def run_settle(*, run_id: uuid.UUID | str) -> bool:
                 type="run.settled",
                 payload={"status": run.status, "stop_reason": run.stop_reason},
             )
-        recovery = SessionBranch.objects.filter(
-            run_id=run.id, kind=SessionBranch.Kind.RECOVERY
-        )
-        recovered = recovery.values_list("branch_of_id", flat=True).first()
+        recovered = run_recovered(run_id=run.id)
         if recovered is not None:
             run_settle(run_id=recovered)
     return True
