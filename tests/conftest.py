@@ -21,7 +21,9 @@ import pytest
 import redis
 from cryptography.fernet import Fernet
 from django.conf import settings
-from django.db import connection
+from django.core.management.base import CommandError
+from django.db import OperationalError, connection
+from django.test import TransactionTestCase
 
 from controlplane.celery import app as celery_app
 from controlplane.embedded_redis import EmbeddedRedis
@@ -51,7 +53,35 @@ def _worker_database(url: str) -> str:
     return urlunsplit(parts._replace(path=f"/{base + 1 + int(worker[2:])}"))
 
 
+def _flush_retrying_a_deadlock(flush: Callable[[Any], None]) -> Any:
+    """A transactional test's flush (one TRUNCATE of every table, their locks
+    taken one by one) can deadlock with a query Daphne or a worker still runs
+    for the test that just ended; PostgreSQL then cancels the TRUNCATE, and the
+    next test starts on the rows left behind. The query ends by itself: flush
+    again."""
+
+    def teardown(self: Any) -> None:
+        for attempt in range(5):
+            try:
+                flush(self)
+                return
+            except CommandError as error:
+                cause = error.__cause__
+                if not isinstance(cause, OperationalError) or attempt == 4:
+                    raise
+                if "deadlock detected" not in str(cause):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+    return teardown
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # Django's own flush, a private method its stubs do not name.
+    flush = TransactionTestCase.__dict__["_fixture_teardown"]
+    setattr(  # noqa: B010
+        TransactionTestCase, "_fixture_teardown", _flush_retrying_a_deadlock(flush)
+    )
     (BASE_DIR / ".run").mkdir(exist_ok=True)
     # The secret store's key for this session, and for every process it starts
     # (workers, Daphne): never the checkout's development key file.
