@@ -67,9 +67,10 @@ def _flush_retrying_a_deadlock(flush: Callable[[Any], None]) -> Any:
                 return
             except CommandError as error:
                 cause = error.__cause__
-                if not isinstance(cause, OperationalError) or attempt == 4:
-                    raise
-                if "deadlock detected" not in str(cause):
+                deadlock = isinstance(cause, OperationalError) and (
+                    "deadlock detected" in str(cause)
+                )
+                if not deadlock or attempt == 4:
                     raise
                 time.sleep(0.2 * (attempt + 1))
 
