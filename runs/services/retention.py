@@ -305,7 +305,9 @@ def tenant_retention_apply(
     report.shop_worlds = shop_worlds_purge(
         tenant=tenant,
         made_before=cutoff,
-        in_use=Run.objects.filter(world_id__isnull=False).values("world_id"),
+        in_use=Run.objects.filter(tenant=tenant, world_id__isnull=False).values(
+            "world_id"
+        ),
     )
     if report.deleted.runs or report.memory_files or report.shop_worlds:
         audit_record(

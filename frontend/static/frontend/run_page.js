@@ -112,10 +112,15 @@ function decisionOfApproval(approval) {
   };
 }
 
-// A sub-agent run's decision listed on its parent's page says whose it was.
+// The sub-agent run an approval read on this page was in (null: this run's):
+// its decision and denial here say whose they were.
+function childRunOf(a) {
+  return a.run && a.run !== runId ? a.run : null;
+}
+
 function inChild(d) {
-  if (!d.run || d.run === runId) return null;
-  return [" in sub-agent ", el("a", { href: `/runs/${d.run}/`, text: `run ${d.run.slice(0, 8)}` })];
+  const child = childRunOf(d);
+  return child ? [" in sub-agent ", el("a", { href: `/runs/${child}/`, text: `run ${child.slice(0, 8)}` })] : [];
 }
 
 function decisionBox(d, testid) {
@@ -297,7 +302,7 @@ function renderRun() {
   const decided = [...approvals.values()].filter((a) => a.status !== "pending").map(decisionOfApproval);
   if (decided.length) {
     facts.push(["Decisions", el("ul", { class: "decisions" }, ...decided.map((d) => el("li", {},
-      el("code", { text: d.tool }), ` ${decisionSummary(d)}`, ...(inChild(d) || []),
+      el("code", { text: d.tool }), ` ${decisionSummary(d)}`, ...inChild(d),
       d.args_before != null ? el("span", { class: "small" }, el("br"), "before ", el("code", { "data-testid": "run-args-before", text: JSON.stringify(d.args_before) }),
         " → after ", el("code", { "data-testid": "run-args-after", text: JSON.stringify(d.args_after) })) : null))), "run-decisions"]);
   }
@@ -326,7 +331,8 @@ function outcomeText() {
   if (run.status !== "succeeded") {
     const denied = [...approvals.values()].filter((a) => a.status === "denied" || a.status === "expired");
     for (const a of denied) {
-      const where = a.run && a.run !== runId ? ` in sub-agent run ${a.run.slice(0, 8)}` : "";
+      const child = childRunOf(a);
+      const where = child ? ` in sub-agent run ${child.slice(0, 8)}` : "";
       text += `; ${approvalLabel(a)}${where} was ${a.status}${a.decided_by ? ` by ${a.decided_by}` : ""}${a.reason ? `: “${a.reason}”` : ""}`;
     }
   }

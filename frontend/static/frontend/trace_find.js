@@ -248,7 +248,6 @@ export class TraceFinder {
   }
 
   reveal(id, { focus = true } = {}) {
-    const turn = (this.revealTurn = (this.revealTurn || 0) + 1);
     this.view.select(id, { focus });
     this.view.center(id);
     this.view.schedule();
@@ -256,9 +255,9 @@ export class TraceFinder {
     // away from its edges: what appears above the tree once the trace has loaded
     // (the minimap of a large trace) then pushes it down without taking it off screen.
     requestAnimationFrame(() => requestAnimationFrame(() => {
-      // Unless a later move came first (n pressed again on a busy page): this
-      // row, still drawn, would pull the tree back from where that move went.
-      if (turn !== this.revealTurn || this.view.selectedId !== id) return;
+      // Unless a later move selected another span first (n pressed again on a
+      // busy page): this row, still drawn, would pull the tree back from it.
+      if (this.view.selectedId !== id) return;
       const row = document.getElementById(`row-${id}`);
       if (!row) return;
       const { top, bottom } = row.getBoundingClientRect();
